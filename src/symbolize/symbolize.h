@@ -1,0 +1,105 @@
+// src/symbolize: address -> function (file:line), inlines, like a debugger.
+// Self-contained: nothing BPF in here. The loader captures a process's
+// mappings while it lives (AddressSpace::update), and symbolizes stacks when it
+// prints a report, possibly after the process has exited.
+//
+// CONTRACT with the loader (keep these names; add freely).
+#pragma once
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace memtrace::symbolize {
+
+struct MappingInfo {
+  uint64_t start = 0, end = 0, offset = 0;  // runtime range, file offset
+  uint64_t dev = 0, inode = 0;              // makedev(major, minor), inode
+  std::string perms;                        // "r-xp"
+  std::string path;                         // as in /proc/PID/maps
+};
+
+struct Frame {
+  std::string function;  // demangled; "" if unknown
+  uint64_t offset = 0;   // address - symbol start
+  std::string module;    // path of the mapped object
+  std::string file;      // source file, "" if unknown
+  int line = 0;
+  int column = 0;
+  bool inlined = false;  // true for frames inlined into the next (outer) one
+};
+
+enum class Unknown {
+  None = 0,
+  Unmapped,    // address not inside any known mapping
+  NoSymbols,   // module has no symbol covering the address
+  FileGone,    // module file could not be opened
+  BadFile,     // module file is not a valid ELF (truncated, corrupt)
+};
+const char* to_string(Unknown);
+
+struct Symbolized {
+  uint64_t address = 0;
+  std::vector<Frame> frames;  // innermost first; empty when unknown != None
+  Unknown unknown = Unknown::None;
+  std::string module;         // module even when unknown (if mapped)
+  uint64_t module_offset = 0; // file offset of address in module
+};
+
+struct Options {
+  std::vector<std::string> symbol_dirs;     // --symbols DIR: searched first, matched by build-id
+  std::string debug_root = "/usr/lib/debug";
+  bool demangle = true;
+  bool dwarf = true;                        // false: ELF symbols only
+};
+
+class Symbolizer;
+
+// The mappings of one process over time (mappings are added, never dropped:
+// a library unmapped before the report still symbolizes its old addresses).
+class AddressSpace {
+ public:
+  AddressSpace();
+  ~AddressSpace();
+  AddressSpace(AddressSpace&&) noexcept;
+  AddressSpace& operator=(AddressSpace&&) noexcept;
+  pid_t pid() const;
+  size_t mapping_count() const;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Symbolizer {
+ public:
+  explicit Symbolizer(Options opts = {});
+  ~Symbolizer();
+  Symbolizer(const Symbolizer&) = delete;
+  Symbolizer& operator=(const Symbolizer&) = delete;
+
+  // Read /proc/PID/maps and open every file-backed executable mapping through
+  // /proc/PID/map_files or /proc/PID/root while the process lives. Calling it
+  // again adds what appeared since. Files are parsed once per run (shared by
+  // build-id / dev+inode across processes).
+  Result<void> update(AddressSpace& as, pid_t pid);
+
+  // Add one mapping by hand (tests, fuzzer, recordings): open_path is the file
+  // to read for it.
+  void add_mapping(AddressSpace& as, const MappingInfo& m, const std::string& open_path);
+
+  // return_address: look up address-1 (non-leaf frames), so the line is the call's.
+  // Memoized per (module, address).
+  const Symbolized& symbolize(const AddressSpace& as, uint64_t address, bool return_address);
+
+  struct Impl;
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memtrace::symbolize
