@@ -1,0 +1,633 @@
+// SPDX-License-Identifier: GPL-2.0
+/* memtrace-bpf kernel side: allocator uprobes, mmap-family syscall
+ * tracepoints, process lifecycle. Records go to ring buffers whose layouts
+ * are in memtrace.h (the contract with src/loader).
+ *
+ * Attach model (DESIGN.md): allocator uprobes are attached per process by the
+ * loader (with the PID), so that no other process pays for them. A process
+ * that exec's or forks under tracing is stopped here (SIGSTOP, before it runs
+ * a user instruction) until the loader has attached its probes; the loader
+ * sends SIGCONT. */
+#include "vmlinux.h"
+
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "memtrace.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define SIGSTOP 19
+#define PROT_EXEC 0x4
+#define CLONE_VM 0x100
+
+/* Set by the loader before load (STYLE.md #3). */
+const volatile __u32 self_pid = 0;
+const volatile bool capture_stacks = true;
+const volatile bool system_wide = false;	/* no target filter (all but self) */
+const volatile bool stop_on_exec_mappings = true; /* pause pending processes at exec mappings */
+const volatile __u32 ncomms = 0;
+const volatile char comms[MT_MAX_COMMS][MT_COMM_LEN] = {};
+const volatile __u64 wakeup_bytes = 1 << 20;	/* wake the loader once this much is queued */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 << 20); /* resized by the loader */
+} events SEC(".maps");
+
+/* Lifecycle records (exec/fork/exit/libmap) get their own ring so that a
+ * flood of allocation events can never make the loader miss a stopped
+ * process it must resume. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} proc_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* tgid */
+	__type(value, struct mt_target);
+} targets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* tid */
+	__type(value, struct mt_inflight);
+} inflight SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* tid */
+	__type(value, struct mt_sysargs);
+} sysargs SEC(".maps");
+
+/* Stacks already sent to the loader. LRU: an evicted stack is sent again,
+ * which is harmless (the loader keeps every stack it has seen). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 17);
+	__type(key, __u64);
+	__type(value, __u8);
+} stacks_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_stack);
+} stack_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MT_C_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+#include "stack.bpf.h"
+
+static __always_inline void count(__u32 c)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &c);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline __u64 rb_flags(void)
+{
+	/* Adaptive wake-up: the loader polls with a short timeout anyway; only
+	 * wake it when a good batch is waiting. */
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+									    : BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline bool traced(__u32 tgid)
+{
+	if (tgid == self_pid)
+		return false;
+	if (system_wide)
+		return true;
+	return bpf_map_lookup_elem(&targets, &tgid) != NULL;
+}
+
+static __always_inline void fill_hdr(struct mt_hdr *h, __u32 kind, __u32 flags, __u64 pid_tgid)
+{
+	h->kind = kind;
+	h->flags = flags;
+	h->pid = pid_tgid >> 32;
+	h->tid = (__u32)pid_tgid;
+	h->ts = bpf_ktime_get_ns();
+}
+
+/* Capture the current user stack, send it once, return its id (0: none). */
+static __always_inline __u64 take_stack(struct pt_regs *regs, int ret_at, __u32 *flags,
+					__u64 pid_tgid)
+{
+	__u32 zero = 0;
+	struct mt_stack *s;
+	__u64 id;
+	__u8 one = 1;
+
+	if (!capture_stacks) {
+		*flags |= MT_F_NO_STACK;
+		return 0;
+	}
+	s = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!s)
+		return 0;
+	*flags |= mt_capture_stack(regs, ret_at, s);
+	if (*flags & MT_F_STACK_TRUNCATED)
+		count(MT_C_STACK_TRUNCATED);
+	if (s->nr == 0) {
+		count(MT_C_STACK_EMPTY);
+		return 0;
+	}
+	id = mt_stack_hash(s);
+	if (bpf_map_lookup_elem(&stacks_seen, &id))
+		return id;
+	fill_hdr(&s->h, MT_EV_STACK, *flags, pid_tgid);
+	s->stack_id = id;
+	if (bpf_ringbuf_output(&events, s, sizeof(*s), rb_flags())) {
+		count(MT_C_STACK_RINGBUF_FULL);
+		*flags |= MT_F_NO_STACK;
+		return 0;
+	}
+	bpf_map_update_elem(&stacks_seen, &id, &one, BPF_ANY);
+	return id;
+}
+
+static __always_inline void emit(__u32 kind, __u32 flags, __u64 pid_tgid, __u64 addr, __u64 size,
+				 __u64 old_addr, __u64 old_size, __u64 stack_id, __u32 role, __u32 aux)
+{
+	struct mt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(MT_C_RINGBUF_FULL);
+		return;
+	}
+	fill_hdr(&e->h, kind, flags, pid_tgid);
+	e->addr = addr;
+	e->size = size;
+	e->old_addr = old_addr;
+	e->old_size = old_size;
+	e->stack_id = stack_id;
+	e->role = role;
+	e->aux = aux;
+	bpf_ringbuf_submit(e, rb_flags());
+}
+
+static __always_inline __u64 mul_sat(__u64 a, __u64 b)
+{
+	__u64 q;
+	if (!a || !b || ((a | b) >> 32) == 0)
+		return a * b;
+	q = ~0ULL / a;
+	asm volatile("" : "+r"(q)); /* keep clang from turning this into a 128-bit multiply */
+	return b > q ? ~0ULL : a * b;
+}
+
+/* ------------------------------------------------------------------------
+ * Allocator probes. One entry program and one return program serve every
+ * role: the loader passes cookie = role | ret_at << 8 (ret_at: where the
+ * return address is relative to rsp at the chosen probe offset).
+ * ---------------------------------------------------------------------- */
+
+SEC("uprobe")
+int mt_alloc_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 role = cookie & 0xff;
+	int ret_at = (int)(cookie >> 8);
+	__u64 sp = PT_REGS_SP(ctx);
+	struct mt_inflight *cur, rec = {};
+	__u32 flags = 0;
+
+	if ((__u32)(pid_tgid >> 32) == self_pid)
+		return 0;
+
+	cur = bpf_map_lookup_elem(&inflight, &tid);
+	if (cur && cur->depth > 0) {
+		if (sp <= cur->sp) {
+			/* A public entry point called from inside another
+			 * (realloc(NULL, n) -> malloc): counted once, as the
+			 * outer call. free has no return probe: not counted. */
+			if (role != MT_ROLE_FREE)
+				cur->depth++;
+			count(MT_C_NESTED);
+			return 0;
+		}
+		count(MT_C_STALE_INFLIGHT); /* a return we never saw */
+	}
+
+	if (role == MT_ROLE_FREE) {
+		__u64 ptr = PT_REGS_PARM1(ctx);
+		if (ptr) /* free(NULL) is not a free */
+			emit(MT_EV_FREE, 0, pid_tgid, ptr, 0, 0, 0, 0, role, 0);
+		if (cur)
+			cur->depth = 0;
+		return 0;
+	}
+
+	rec.sp = sp;
+	rec.role = role;
+	rec.depth = 1;
+	switch (role) {
+	case MT_ROLE_CALLOC:
+		rec.arg0 = mul_sat(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
+		break;
+	case MT_ROLE_REALLOC:
+		rec.arg0 = PT_REGS_PARM1(ctx);
+		rec.arg1 = PT_REGS_PARM2(ctx);
+		break;
+	case MT_ROLE_REALLOCARRAY:
+		rec.arg0 = PT_REGS_PARM1(ctx);
+		rec.arg1 = mul_sat(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+		break;
+	case MT_ROLE_POSIX_MEMALIGN:
+		rec.arg1 = PT_REGS_PARM1(ctx); /* memptr */
+		rec.arg0 = PT_REGS_PARM3(ctx); /* size */
+		break;
+	case MT_ROLE_ALIGNED_ALLOC:
+	case MT_ROLE_MEMALIGN:
+		rec.arg0 = PT_REGS_PARM2(ctx);
+		break;
+	default: /* malloc, valloc, pvalloc */
+		rec.arg0 = PT_REGS_PARM1(ctx);
+		break;
+	}
+	rec.stack_id = take_stack(ctx, ret_at, &flags, pid_tgid);
+	rec.flags = flags;
+
+	/* realloc(p, n), p != NULL: the old block dies now, before the
+	 * allocator can hand its address to another thread. A failure is
+	 * undone by MT_EV_REALLOC_FAIL at return. */
+	if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && rec.arg0)
+		emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
+
+	if (bpf_map_update_elem(&inflight, &tid, &rec, BPF_ANY))
+		count(MT_C_INFLIGHT_FULL);
+	return 0;
+}
+
+SEC("uretprobe")
+int mt_alloc_exit(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct mt_inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	__u64 ret = PT_REGS_RC(ctx);
+	__u64 size, addr;
+	__u32 role;
+
+	if (!cur || cur->depth == 0)
+		return 0;
+	if (cur->depth > 1) {
+		cur->depth--;
+		return 0;
+	}
+	cur->depth = 0;
+	role = cur->role;
+	size = cur->arg0;
+	addr = ret;
+
+	switch (role) {
+	case MT_ROLE_REALLOC:
+	case MT_ROLE_REALLOCARRAY:
+		size = cur->arg1;
+		if (cur->arg0 && !ret) {
+			/* realloc(p, 0) frees p (already emitted); realloc(p, n)
+			 * that fails leaves p alive. */
+			if (size)
+				emit(MT_EV_REALLOC_FAIL, cur->flags, pid_tgid, cur->arg0, size, 0, 0,
+				     cur->stack_id, role, 0);
+			return 0;
+		}
+		break;
+	case MT_ROLE_POSIX_MEMALIGN:
+		addr = 0;
+		if ((int)ret == 0)
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)cur->arg1);
+		break;
+	default:
+		break;
+	}
+	if (!addr) {
+		emit(MT_EV_ALLOC_FAIL, cur->flags, pid_tgid, 0, size, 0, 0, cur->stack_id, role, 0);
+		return 0;
+	}
+	emit(MT_EV_ALLOC, cur->flags, pid_tgid, addr, size,
+	     (role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) ? cur->arg0 : 0, 0,
+	     cur->stack_id, role, 0);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * mmap family. "Internal" = issued while an allocator call is in flight on
+ * the same thread (seed 001 needed mmapmatch.sh for this).
+ * ---------------------------------------------------------------------- */
+
+static __always_inline __u32 in_allocator(__u32 tid)
+{
+	struct mt_inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	return cur && cur->depth > 0;
+}
+
+static __always_inline void save_args(__u64 pid_tgid, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
+{
+	__u32 tid = (__u32)pid_tgid;
+	struct mt_sysargs a = {.a0 = a0, .a1 = a1, .a2 = a2, .a3 = a3};
+	a.internal = in_allocator(tid);
+	if (bpf_map_update_elem(&sysargs, &tid, &a, BPF_ANY))
+		count(MT_C_SYSARGS_FULL);
+}
+
+static __always_inline struct pt_regs *user_regs(void)
+{
+	return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+}
+
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int mt_enter_mmap(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	/* len, prot, flags, fd */
+	save_args(pid_tgid, ctx->args[1], ctx->args[2], ctx->args[3], ctx->args[4]);
+	return 0;
+}
+
+static __always_inline void stop_current(__u32 *flags)
+{
+	if (bpf_send_signal(SIGSTOP) == 0)
+		*flags |= MT_F_STOPPED;
+	else
+		count(MT_C_SIGNAL_FAIL);
+}
+
+static __always_inline void proc_event(__u32 kind, __u32 flags, __u64 pid_tgid, __u32 ppid,
+				       __s32 code, __u64 addr, __u64 len)
+{
+	struct mt_proc_event *e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
+	if (!e) {
+		/* Never stop a process the loader would not hear about. */
+		count(MT_C_RINGBUF_FULL);
+		return;
+	}
+	if (flags & MT_F_STOPPED) {
+		flags &= ~MT_F_STOPPED;
+		stop_current(&flags);
+	}
+	fill_hdr(&e->h, kind, flags, pid_tgid);
+	e->ppid = ppid;
+	e->exit_code = code;
+	e->addr = addr;
+	e->len = len;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("tracepoint/syscalls/sys_exit_mmap")
+int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+	__u64 ret = ctx->ret;
+	__u32 flags = 0;
+	__u64 stack_id = 0;
+
+	if (!a)
+		return 0;
+	struct mt_sysargs args = *a;
+	bpf_map_delete_elem(&sysargs, &tid);
+	if (ret >= (__u64)-4095)
+		return 0;
+	if (args.internal)
+		flags |= MT_F_ALLOCATOR_INTERNAL;
+	else if (!((__s32)args.a3 >= 0)) /* anonymous direct mapping: keep its stack */
+		stack_id = take_stack(user_regs(), MT_RET_UNKNOWN, &flags, pid_tgid);
+	else if (!(args.a1 & PROT_EXEC))
+		stack_id = take_stack(user_regs(), MT_RET_UNKNOWN, &flags, pid_tgid);
+	emit(MT_EV_MMAP, flags, pid_tgid, ret, args.a0, 0, (args.a1 << 32) | (args.a2 & 0xffffffff),
+	     stack_id, 0, (__u32)args.a3);
+
+	/* A process waiting for its allocator mapped executable code: stop it
+	 * so that the loader can attach before that code runs. */
+	if (stop_on_exec_mappings && (args.a1 & PROT_EXEC) && (__s32)args.a3 >= 0) {
+		struct mt_target *t = bpf_map_lookup_elem(&targets, &tgid);
+		if (t && t->state == MT_TS_PENDING)
+			proc_event(MT_EV_LIBMAP, MT_F_STOPPED, pid_tgid, 0, 0, ret, args.a0);
+	}
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_munmap")
+int mt_enter_munmap(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	emit(MT_EV_MUNMAP, in_allocator((__u32)pid_tgid) ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid,
+	     ctx->args[0], ctx->args[1], 0, 0, 0, 0, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_mremap")
+int mt_enter_mremap(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	/* old addr, old len, new len, flags */
+	save_args(pid_tgid, ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[3]);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_mremap")
+int mt_exit_mremap(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+	__u64 ret = ctx->ret;
+
+	if (!a)
+		return 0;
+	struct mt_sysargs args = *a;
+	bpf_map_delete_elem(&sysargs, &tid);
+	if (ret >= (__u64)-4095)
+		return 0;
+	emit(MT_EV_MREMAP, args.internal ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ret, args.a2,
+	     args.a0, args.a1, 0, 0, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_brk")
+int mt_enter_brk(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	save_args(pid_tgid, ctx->args[0], 0, 0, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_brk")
+int mt_exit_brk(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+	if (!a)
+		return 0;
+	struct mt_sysargs args = *a;
+	bpf_map_delete_elem(&sysargs, &tid);
+	emit(MT_EV_BRK, args.internal ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ctx->ret, args.a0, 0,
+	     0, 0, 0, 0);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Process lifecycle: exec, fork, exit.
+ * ---------------------------------------------------------------------- */
+
+static __always_inline bool comm_matches(void)
+{
+	char c[MT_COMM_LEN] = {};
+	bpf_get_current_comm(c, sizeof(c));
+	for (int i = 0; i < MT_MAX_COMMS; i++) {
+		if (i >= ncomms)
+			break;
+		bool eq = true;
+		for (int j = 0; j < MT_COMM_LEN; j++) {
+			if (c[j] != comms[i][j]) {
+				eq = false;
+				break;
+			}
+			if (c[j] == 0)
+				break;
+		}
+		if (eq)
+			return true;
+	}
+	return false;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	struct mt_target *t;
+
+	if (tgid == self_pid)
+		return 0;
+	if (system_wide) {
+		/* No stop system-wide: the loader only looks for new allocator objects. */
+		proc_event(MT_EV_EXEC, 0, pid_tgid, 0, 0, 0, 0);
+		return 0;
+	}
+	t = bpf_map_lookup_elem(&targets, &tgid);
+	if (t) {
+		/* A traced process loaded a new image: its old probes are gone
+		 * with its old mm. In comm mode the new image must match too. */
+		if (ncomms && !t->follow && !comm_matches()) {
+			bpf_map_delete_elem(&targets, &tgid);
+			proc_event(MT_EV_EXIT, 0, pid_tgid, 0, -1, 0, 0);
+			return 0;
+		}
+		t->state = MT_TS_PENDING;
+	} else if (ncomms && comm_matches()) {
+		struct mt_target nt = {.state = MT_TS_PENDING, .follow = 0};
+		if (bpf_map_update_elem(&targets, &tgid, &nt, BPF_ANY))
+			return 0;
+	} else {
+		return 0;
+	}
+	proc_event(MT_EV_EXEC, MT_F_STOPPED, pid_tgid, 0, 0, 0, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	struct mt_target *t;
+
+	if (ptgid == ctgid || system_wide) /* a thread; or nothing to follow */
+		return 0;
+	t = bpf_map_lookup_elem(&targets, &ptgid);
+	if (!t)
+		return 0;
+	/* -c: children keep the parent's comm, so they are followed as well. */
+	struct mt_target nt = {.follow = t->follow};
+	if (BPF_CORE_READ(child, mm) == BPF_CORE_READ(parent, mm))
+		nt.state = MT_TS_SHARED_MM; /* vfork: runs on the parent's probes until exec */
+	else
+		nt.state = MT_TS_PENDING;
+	bpf_map_update_elem(&targets, &ctgid, &nt, BPF_ANY);
+	return 0;
+}
+
+/* The child's first return to user space (fork/clone in the child): stop it
+ * before it runs anything, so that the loader attaches its own probes (a
+ * per-process uprobe does not follow fork). */
+static __always_inline int child_returns(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	struct mt_target *t;
+
+	if (ctx->ret != 0 || tgid != tid)
+		return 0;
+	t = bpf_map_lookup_elem(&targets, &tgid);
+	if (!t)
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 ppid = BPF_CORE_READ(task, real_parent, tgid);
+	if (t->state == MT_TS_SHARED_MM) {
+		proc_event(MT_EV_FORK, MT_F_VFORK, pid_tgid, ppid, 0, 0, 0);
+		return 0;
+	}
+	if (t->state != MT_TS_PENDING)
+		return 0;
+	proc_event(MT_EV_FORK, MT_F_STOPPED, pid_tgid, ppid, 0, 0, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_clone")
+int mt_exit_clone(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
+SEC("tracepoint/syscalls/sys_exit_clone3")
+int mt_exit_clone3(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
+SEC("tracepoint/syscalls/sys_exit_fork")
+int mt_exit_fork(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
+SEC("tracepoint/syscalls/sys_exit_vfork")
+int mt_exit_vfork(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(mt_exit, struct task_struct *task, bool group_dead)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+
+	bpf_map_delete_elem(&inflight, &tid);
+	bpf_map_delete_elem(&sysargs, &tid);
+	if (!group_dead || tgid == self_pid)
+		return 0;
+	if (!system_wide && !bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+	bpf_map_delete_elem(&targets, &tgid);
+	struct signal_struct *sig = BPF_CORE_READ(task, signal);
+	__s32 code = BPF_CORE_READ(task, exit_code);
+	if (BPF_CORE_READ(sig, flags) & 0x4 /* SIGNAL_GROUP_EXIT */)
+		code = BPF_CORE_READ(sig, group_exit_code);
+	proc_event(MT_EV_EXIT, 0, pid_tgid, 0, code, 0, 0);
+	return 0;
+}

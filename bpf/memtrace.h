@@ -1,0 +1,155 @@
+/* The contract between the BPF programs (bpf/NAME.bpf.c) and the loader
+ * (src/loader). Plain C, fixed-width types, fixed-size arrays, no pointers:
+ * both sides include this file and nothing about a record layout is written
+ * twice (STYLE.md #1). */
+#ifndef MEMTRACE_H
+#define MEMTRACE_H
+
+#ifndef __VMLINUX_H__
+#include <stdint.h>
+typedef uint8_t __u8;
+typedef uint16_t __u16;
+typedef uint32_t __u32;
+typedef uint64_t __u64;
+typedef int32_t __s32;
+typedef int64_t __s64;
+#endif
+
+/* Deepest user stack recorded. Frame-pointer walks rarely exceed this; the
+ * unwinder marks deeper stacks truncated (MT_STACK_TRUNC_DEPTH). Must fit the
+ * per-CPU scratch record (8 bytes each). */
+#define MT_MAX_FRAMES 64
+#define MT_COMM_LEN 16 /* TASK_COMM_LEN: the kernel keeps 15 chars + NUL */
+#define MT_MAX_COMMS 16 /* -c filters */
+
+/* Allocator entry points (one probe each; aliases share one). */
+enum mt_role {
+	MT_ROLE_MALLOC = 0,
+	MT_ROLE_CALLOC,
+	MT_ROLE_REALLOC,
+	MT_ROLE_REALLOCARRAY,
+	MT_ROLE_FREE,
+	MT_ROLE_POSIX_MEMALIGN,
+	MT_ROLE_ALIGNED_ALLOC,
+	MT_ROLE_MEMALIGN,
+	MT_ROLE_VALLOC,
+	MT_ROLE_PVALLOC,
+	MT_ROLE_COUNT,
+};
+
+/* Ring-buffer record kinds: every record starts with struct mt_hdr. */
+enum mt_kind {
+	MT_EV_ALLOC = 1,    /* a block came to life: addr, size (realloc: old_addr too) */
+	MT_EV_FREE,         /* a block died (free, or the old half of realloc) */
+	MT_EV_ALLOC_FAIL,   /* allocator returned NULL / error */
+	MT_EV_REALLOC_FAIL, /* realloc(p, n) failed: p is still live (undo its free) */
+	MT_EV_MMAP,
+	MT_EV_MUNMAP,
+	MT_EV_MREMAP,
+	MT_EV_BRK,
+	MT_EV_STACK,        /* a new distinct stack: struct mt_stack */
+	MT_EV_EXEC,         /* process exec'd (new image): stopped, waiting for attach */
+	MT_EV_FORK,         /* traced process forked a child: child stopped */
+	MT_EV_EXIT,         /* process exited */
+	MT_EV_LIBMAP,       /* pending process mapped an executable file: stopped */
+	MT_EV_FAULT,        /* user page fault (--faults) */
+};
+
+/* mt_hdr.flags */
+#define MT_F_ALLOCATOR_INTERNAL (1u << 0) /* mmap/brk issued inside an allocator call */
+#define MT_F_STACK_TRUNCATED (1u << 1)
+#define MT_F_NO_STACK (1u << 2)           /* stack not captured (disabled or failed) */
+#define MT_F_STOPPED (1u << 3)            /* the task was sent SIGSTOP: loader must SIGCONT */
+#define MT_F_FAULT_WRITE (1u << 4)
+#define MT_F_FAULT_INSTR (1u << 5)
+#define MT_F_VFORK (1u << 6)              /* child shares the parent's mm */
+#define MT_F_THREAD (1u << 7)
+
+struct mt_hdr {
+	__u32 kind; /* enum mt_kind */
+	__u32 flags;
+	__u32 pid;  /* tgid */
+	__u32 tid;
+	__u64 ts;   /* bpf_ktime_get_ns */
+};
+
+/* MT_EV_ALLOC / FREE / ALLOC_FAIL / REALLOC_FAIL / MMAP / MUNMAP / MREMAP / BRK / FAULT */
+struct mt_event {
+	struct mt_hdr h;
+	__u64 addr;     /* block / mapping / new brk / fault address */
+	__u64 size;     /* bytes requested / mapping length */
+	__u64 old_addr; /* realloc, mremap: previous address; fault: ip */
+	__u64 old_size; /* mremap: previous length; mmap: prot<<32 | flags; fault: error code */
+	__u64 stack_id; /* hash of frames (0: none), see MT_EV_STACK */
+	__u32 role;     /* enum mt_role for allocator events */
+	__u32 aux;      /* mmap: fd (or -1) */
+};
+
+/* MT_EV_STACK: sent once per distinct stack (deduplicated in BPF by hash). */
+struct mt_stack {
+	struct mt_hdr h;
+	__u64 stack_id;
+	__u32 nr;       /* frames used */
+	__u32 pad;
+	__u64 ips[MT_MAX_FRAMES]; /* innermost first; ips[0] is the probed function's caller's call site */
+};
+
+/* MT_EV_EXEC / FORK / EXIT / LIBMAP */
+struct mt_proc_event {
+	struct mt_hdr h;
+	__u32 ppid;
+	__s32 exit_code; /* EXIT: wait status style (code<<8 | sig) */
+	__u64 addr;      /* LIBMAP: start of the new mapping */
+	__u64 len;
+	char comm[MT_COMM_LEN];
+};
+
+/* targets map value: why a process is traced and where it stands. */
+enum mt_target_state {
+	MT_TS_TRACED = 1,   /* uprobes attached for this process's mm */
+	MT_TS_PENDING = 2,  /* exec'd or forked: no allocator attached yet; stop it at new exec mappings */
+	MT_TS_SHARED_MM = 3,/* vfork child running on the parent's mm: traced through the parent */
+};
+
+struct mt_target {
+	__u32 state;
+	__u32 follow; /* follow children */
+};
+
+/* Per-thread state of an allocator call in flight (nested public calls from
+ * inside glibc are counted once: only the outermost call emits). */
+struct mt_inflight {
+	__u64 sp;       /* rsp at the outermost entry: a later entry with a higher sp is stale */
+	__u64 arg0;     /* size / old ptr / memptr */
+	__u64 arg1;
+	__u64 stack_id;
+	__u32 role;
+	__u32 depth;
+	__u32 flags;
+	__u32 pad;
+};
+
+/* Per-syscall state between sys_enter and sys_exit (mmap, mremap, brk). */
+struct mt_sysargs {
+	__u64 a0, a1, a2, a3;
+	__u32 internal;
+	__u32 pad;
+};
+
+/* Counters (index into the per-CPU counters array), shown as "dropped" and
+ * "stats" in every report. Nothing is lost silently. */
+enum mt_counter {
+	MT_C_RINGBUF_FULL = 0,  /* event records that did not fit the ring buffer */
+	MT_C_STACK_RINGBUF_FULL,/* stack records that did not fit */
+	MT_C_INFLIGHT_FULL,     /* inflight map full: call not tracked */
+	MT_C_STACK_EMPTY,       /* stack capture returned nothing */
+	MT_C_STACK_TRUNCATED,   /* stack cut at MT_MAX_FRAMES */
+	MT_C_NESTED,            /* nested allocator entries skipped (informational) */
+	MT_C_STALE_INFLIGHT,    /* inflight record found stale (missed return) */
+	MT_C_SIGNAL_FAIL,       /* bpf_send_signal failed: process not stopped for attach */
+	MT_C_SYSARGS_FULL,
+	MT_C_FAULTS_FILTERED,   /* informational */
+	MT_C_COUNT,
+};
+
+#endif /* MEMTRACE_H */
