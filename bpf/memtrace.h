@@ -6,13 +6,7 @@
 #define MEMTRACE_H
 
 #ifndef __VMLINUX_H__
-#include <stdint.h>
-typedef uint8_t __u8;
-typedef uint16_t __u16;
-typedef uint32_t __u32;
-typedef uint64_t __u64;
-typedef int32_t __s32;
-typedef int64_t __s64;
+#include <linux/types.h>
 #endif
 
 /* Deepest user stack recorded. Frame-pointer walks rarely exceed this; the

@@ -1,0 +1,100 @@
+// Allocator discovery and per-process uprobe attach.
+#pragma once
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "elf/elf_file.h"
+#include "loader/procfs.h"
+#include "memtrace.h"
+#include "probes/probe_placement.h"
+
+struct bpf_link;
+struct bpf_program;
+
+namespace memtrace::loader {
+
+struct ProbeSite {
+  uint32_t role = 0;
+  std::string symbol;
+  uint64_t file_offset = 0;  // of the symbol
+  uint64_t vaddr = 0;
+  probes::Placement placement;
+  bool retprobe = false;
+  std::string alias_of;  // another role's symbol at the same address: not attached twice
+};
+
+// An object (ELF file) that provides an allocator, analysed once per run.
+struct AllocatorObject {
+  std::string path;  // as in /proc/PID/maps
+  uint64_t dev = 0, inode = 0;
+  std::string family;  // "glibc", ...
+  std::vector<ProbeSite> sites;
+};
+
+// Destroying a uprobe link waits for an RCU grace period in the kernel
+// (~100 ms here, measured), so links are destroyed on background threads,
+// all at once: the drain loop never blocks on a detach. wait() joins them (tool exit).
+void detach_async(std::vector<int> link_fds);
+void detach_wait();
+
+// Links of one attachment (one process, or system-wide for one object);
+// destroying it detaches every probe.
+class ProbeSet {
+ public:
+  ProbeSet() = default;
+  ProbeSet(const ProbeSet&) = delete;
+  ProbeSet& operator=(const ProbeSet&) = delete;
+  ProbeSet(ProbeSet&& o) noexcept : links_(std::move(o.links_)) { o.links_.clear(); }
+  ProbeSet& operator=(ProbeSet&& o) noexcept;
+  ~ProbeSet() { reset(); }
+  void reset();
+  void add_fd(int link_fd) { links_.push_back(link_fd); }
+  size_t size() const { return links_.size(); }
+
+ private:
+  std::vector<int> links_;  // BPF link fds
+};
+
+class Attacher {
+ public:
+  Attacher(bpf_program* enter, bpf_program* exit) : enter_(enter), exit_(exit) {}
+
+  // The allocator object a process uses, from its mappings (not a hard-coded
+  // path): the executable if it defines malloc, else a non-glibc allocator
+  // library (jemalloc, tcmalloc, ... preloaded), else glibc. nullptr if none.
+  Result<const AllocatorObject*> find_allocator(pid_t pid, const std::vector<MapEntry>& maps,
+                                                MapEntry* where);
+
+  // Attach every probe of obj for pid (-1: every process that maps it).
+  Result<ProbeSet> attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path);
+
+  // --explain-probes text for an object.
+  static std::string explain(const AllocatorObject& obj);
+
+  const std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<AllocatorObject>>& objects() const {
+    return objects_;
+  }
+  std::vector<std::string>& notes() { return notes_; }
+
+ private:
+  Result<const AllocatorObject*> analyze(const std::string& open_path, const MapEntry& m);
+
+  bpf_program* enter_;
+  bpf_program* exit_;
+  // (dev, inode) -> analysis; nullptr value: not an allocator.
+  std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<AllocatorObject>> objects_;
+  std::vector<std::string> notes_;  // kernel refused an offset, ...
+};
+
+const char* role_name(uint32_t role);
+// Before load: the allocator programs attach as uprobe_multi links (one link
+// per process for every entry probe, one for every return probe).
+void prepare_programs(bpf_program* enter, bpf_program* exit);
+
+}  // namespace memtrace::loader

@@ -1,0 +1,119 @@
+#include "loader/procfs.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace memtrace::loader {
+
+Result<std::vector<MapEntry>> read_maps(pid_t pid) {
+  std::string fn = "/proc/" + std::to_string(pid) + "/maps";
+  FILE* f = fopen(fn.c_str(), "re");
+  if (!f) return Error::sys("open " + fn);
+  std::vector<MapEntry> out;
+  char line[4096 + 256];
+  while (fgets(line, sizeof line, f)) {
+    MapEntry m;
+    char perms[8] = {};
+    int path_at = 0;
+    unsigned long long start, end, off, ino;
+    unsigned maj, min;
+    if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &min,
+               &ino, &path_at) < 7)
+      continue;
+    m.start = start;
+    m.end = end;
+    m.offset = off;
+    m.perms = perms;
+    m.dev_major = maj;
+    m.dev_minor = min;
+    m.inode = ino;
+    if (path_at > 0) {
+      std::string p = line + path_at;
+      while (!p.empty() && (p.back() == '\n' || p.back() == ' ')) p.pop_back();
+      m.path = p;
+    }
+    out.push_back(std::move(m));
+  }
+  fclose(f);
+  return out;
+}
+
+static std::string slurp(const std::string& fn) {
+  std::ifstream in(fn);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::optional<std::string> read_comm(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string s;
+  if (!std::getline(in, s)) return std::nullopt;
+  return s;
+}
+
+static std::optional<pid_t> status_field(pid_t pid, const char* key) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/status");
+  auto at = s.find(std::string("\n") + key + ":");
+  if (at == std::string::npos) return std::nullopt;
+  return static_cast<pid_t>(strtol(s.c_str() + at + strlen(key) + 2, nullptr, 10));
+}
+
+std::optional<pid_t> tgid_of(pid_t tid) { return status_field(tid, "Tgid"); }
+std::optional<pid_t> ppid_of(pid_t pid) { return status_field(pid, "PPid"); }
+
+std::vector<pid_t> all_pids() {
+  std::vector<pid_t> v;
+  DIR* d = opendir("/proc");
+  if (!d) return v;
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long p = strtol(e->d_name, &end, 10);
+    if (*end == 0 && p > 0) v.push_back(static_cast<pid_t>(p));
+  }
+  closedir(d);
+  return v;
+}
+
+bool process_exists(pid_t pid) {
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM) &&
+         access(("/proc/" + std::to_string(pid)).c_str(), F_OK) == 0;
+}
+
+char process_state(pid_t pid) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/stat");
+  auto rp = s.rfind(')');
+  if (rp == std::string::npos || rp + 2 >= s.size()) return 0;
+  return s[rp + 2];
+}
+
+std::string openable_path(pid_t pid, const MapEntry& m) {
+  std::string root = "/proc/" + std::to_string(pid) + "/root" + m.path;
+  struct stat st{};
+  if (stat(root.c_str(), &st) == 0 && st.st_ino == m.inode &&
+      major(st.st_dev) == m.dev_major && minor(st.st_dev) == m.dev_minor)
+    return root;
+  char buf[96];
+  snprintf(buf, sizeof buf, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, pid, m.start, m.end);
+  return buf;
+}
+
+Result<void> ensure_tracefs() {
+  if (access("/sys/kernel/tracing/events", F_OK) == 0) return {};
+  if (access("/sys/kernel/debug/tracing/events", F_OK) == 0) return {};
+  if (mount("nodev", "/sys/kernel/tracing", "tracefs", 0, nullptr) != 0)
+    return Error::sys("mount tracefs on /sys/kernel/tracing");
+  return {};
+}
+
+}  // namespace memtrace::loader

@@ -1,0 +1,54 @@
+// Reports: heap summary per process (seed 004's words), leaks grouped by
+// stack, drop counters. Text and JSON from one data model.
+#pragma once
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "heap/heap_model.h"
+
+namespace memtrace::report {
+
+struct FrameOut {
+  uint64_t address = 0;
+  std::string function;  // "" if unknown
+  uint64_t offset = 0;
+  std::string module;
+  std::string file;
+  int line = 0;
+  bool inlined = false;
+  std::string unknown;  // reason when nothing is known
+};
+
+// Symbolize one address of process pid (return_address: look up address-1).
+using Resolver = std::function<std::vector<FrameOut>(pid_t pid, uint64_t addr, bool return_address)>;
+
+struct Options {
+  size_t top = 10;          // leak groups per process
+  bool at_exit = true;      // "in use at exit" vs "in use"
+  bool leaks = true;
+  bool include_idle = false;  // processes with no allocator activity
+};
+
+struct Drops {
+  std::map<std::string, uint64_t> dropped;  // lost events by cause
+  std::map<std::string, uint64_t> stats;    // informational counters
+};
+
+struct LeakGroup {
+  uint64_t bytes = 0, blocks = 0, stack_id = 0;
+};
+std::vector<LeakGroup> leak_groups(const heap::Process& p);
+
+void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit);
+void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
+                const Drops& d);
+nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Options& o, const Drops& d);
+
+}  // namespace memtrace::report
