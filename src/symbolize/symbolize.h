@@ -39,8 +39,11 @@ enum class Unknown {
   NoSymbols,   // module has no symbol covering the address
   FileGone,    // module file could not be opened
   BadFile,     // module file is not a valid ELF (truncated, corrupt)
+  Anonymous,   // executable memory with no file behind it (JIT, [vdso] not readable)
 };
 const char* to_string(Unknown);
+// "function+0xoff (file:line:col)", "[inlined] " prefix for inlined frames.
+std::string to_string(const Frame&);
 
 struct Symbolized {
   uint64_t address = 0;
@@ -93,9 +96,26 @@ class Symbolizer {
   // to read for it.
   void add_mapping(AddressSpace& as, const MappingInfo& m, const std::string& open_path);
 
+  // Map a whole ELF file as the dynamic loader would, at load bias `bias`
+  // (runtime address = ELF vaddr + bias): one mapping per PT_LOAD. With
+  // bias 0, addresses are the file's own vaddrs, as addr2line takes them.
+  Result<void> add_file(AddressSpace& as, const std::string& path, uint64_t bias = 0);
+
   // return_address: look up address-1 (non-leaf frames), so the line is the call's.
-  // Memoized per (module, address).
+  // Memoized per (module, address). The reference stays valid until the next
+  // update/add_mapping on `as` (or its destruction). Not thread-safe.
   const Symbolized& symbolize(const AddressSpace& as, uint64_t address, bool return_address);
+
+  // Introspection (tests, --verbose).
+  struct Stats {
+    size_t files_opened = 0;   // ELF files parsed (each at most once per dev+inode / build-id)
+    size_t modules = 0;        // distinct modules
+    size_t lookups = 0;        // symbolize() calls
+    size_t module_lookups = 0; // lookups that reached a module's memo or DWARF
+  };
+  Stats stats() const;
+  // Separate debug file used for the module mapped at address, "" if none.
+  std::string debug_file(const AddressSpace& as, uint64_t address);
 
   struct Impl;
  private:

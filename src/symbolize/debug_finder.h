@@ -1,0 +1,38 @@
+// Finds the separate debug file of a module: --symbols dirs first (matched
+// by build-id, whatever the layout below them), then DEBUG_ROOT/.build-id/
+// xx/yyyy.debug, then .gnu_debuglink (next to the file, in .debug/, under
+// DEBUG_ROOT/DIR) with its CRC checked. A file found by build-id must carry
+// that build-id: nothing is matched by path alone.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "symbolize/elf_image.h"
+#include "symbolize/symbolize.h"
+
+namespace memtrace::symbolize {
+
+class DebugFinder {
+ public:
+  explicit DebugFinder(const Options& opts);
+
+  // dir: directory of the module as this process can reach it now (for
+  // debuglink; may be under /proc/PID/root); logical_dir: the directory as the
+  // target saw it (for DEBUG_ROOT/DIR). Either may be "".
+  std::unique_ptr<ElfImage> find(const ElfImage& img, const std::string& dir,
+                                 const std::string& logical_dir);
+
+ private:
+  std::unique_ptr<ElfImage> try_build_id(const std::string& path, const std::string& build_id);
+  std::unique_ptr<ElfImage> try_debuglink(const std::string& path, const ElfImage& img);
+  const std::unordered_map<std::string, std::string>& dir_index(size_t i);
+
+  std::vector<std::string> symbol_dirs_;
+  std::string debug_root_;
+  std::vector<std::optional<std::unordered_map<std::string, std::string>>> indexes_;
+};
+
+}  // namespace memtrace::symbolize

@@ -1,0 +1,87 @@
+#include "symbolize/module.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+
+namespace memtrace::symbolize {
+
+std::string demangle(const std::string& name) {
+  // Bounded: the demangler recurses, and a hostile name could be long.
+  if (name.size() < 3 || name[0] != '_' || name[1] != 'Z' || name.size() > 16384) return name;
+  int status = 0;
+  char* d = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  std::string out = (status == 0 && d) ? std::string(d) : name;
+  std::free(d);
+  return out;
+}
+
+Module::Module(std::unique_ptr<ElfImage> img, std::string dir, std::string logical_dir)
+    : img_(std::move(img)), dir_(std::move(dir)), logical_dir_(std::move(logical_dir)) {}
+
+void Module::load(DebugFinder& finder, const Options& opts) {
+  if (loaded_) return;
+  loaded_ = true;
+  bool want_dwarf = opts.dwarf && !img_->has_dwarf();
+  if (want_dwarf || !img_->has_symtab()) debug_ = finder.find(*img_, dir_, logical_dir_);
+  img_->collect_symbols(symbols_, true, true);
+  if (debug_) debug_->collect_symbols(symbols_, true, false);
+  symbols_.finish();
+  if (opts.dwarf) {
+    if (img_->has_dwarf()) dwarf_ = DwarfIndex::create(*img_);
+    if (!dwarf_ && debug_) dwarf_ = DwarfIndex::create(*debug_);
+  }
+}
+
+std::string Module::debug_path(DebugFinder& finder, const Options& opts) {
+  load(finder, opts);
+  return debug_ ? debug_->path() : std::string();
+}
+
+const ModuleLookup& Module::lookup(uint64_t vaddr, DebugFinder& finder, const Options& opts) {
+  if (auto it = memo_.find(vaddr); it != memo_.end()) return it->second;
+  load(finder, opts);
+  ModuleLookup res;
+  const SymbolEntry* sym = symbols_.find(vaddr);
+  // A symbol that does not cover vaddr by its size reaches no further than
+  // its code section (_init must not swallow .plt).
+  if (sym && vaddr - sym->addr >= sym->size && vaddr >= img_->exec_end(sym->addr)) sym = nullptr;
+  std::vector<DwarfFrame> df;
+  auto dm = [&](const std::string& n) { return opts.demangle ? demangle(n) : n; };
+  if (dwarf_ && dwarf_->lookup(vaddr, df) && !df.empty()) {
+    for (size_t i = 0; i < df.size(); ++i) {
+      Frame f;
+      f.function = dm(df[i].name);
+      f.file = std::move(df[i].file);
+      f.line = df[i].line;
+      f.column = df[i].column;
+      f.inlined = df[i].inlined;
+      bool outermost = i + 1 == df.size();
+      // The innermost frame, an out-of-line function known to DWARF by its
+      // plain name only (static functions, clones): the ELF symbol starting
+      // there names it fully, "ns::helper(int)", "f(int) [clone .constprop.0]"
+      // (as binutils addr2line does).
+      if (i == 0 && !f.inlined && !df[i].linkage && sym && sym->addr == df[i].entry)
+        f.function = dm(symbols_.name(*sym));
+      if (outermost && f.function.empty() && sym) f.function = dm(symbols_.name(*sym));
+      if (outermost && sym) f.offset = vaddr - sym->addr;
+      else if (df[i].entry && vaddr >= df[i].entry) f.offset = vaddr - df[i].entry;
+      res.frames.push_back(std::move(f));
+    }
+    const Frame& outer = res.frames.back();
+    if (outer.function.empty() && outer.file.empty()) {
+      res.frames.clear();
+      res.unknown = Unknown::NoSymbols;
+    }
+  } else if (sym) {
+    Frame f;
+    f.function = dm(symbols_.name(*sym));
+    f.offset = vaddr - sym->addr;
+    res.frames.push_back(std::move(f));
+  } else {
+    res.unknown = Unknown::NoSymbols;
+  }
+  return memo_.emplace(vaddr, std::move(res)).first->second;
+}
+
+}  // namespace memtrace::symbolize

@@ -1,0 +1,292 @@
+#include "symbolize/symbolize.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "common/fd.h"
+#include "symbolize/debug_finder.h"
+#include "symbolize/module.h"
+#include "symbolize/proc_maps.h"
+
+namespace memtrace::symbolize {
+
+const char* to_string(Unknown u) {
+  switch (u) {
+    case Unknown::None: return "none";
+    case Unknown::Unmapped: return "unmapped";
+    case Unknown::NoSymbols: return "no symbols";
+    case Unknown::FileGone: return "file gone";
+    case Unknown::BadFile: return "bad file";
+    case Unknown::Anonymous: return "anonymous memory";
+  }
+  return "unknown";
+}
+
+std::string to_string(const Frame& f) {
+  std::string s = f.inlined ? "[inlined] " : "";
+  s += f.function.empty() ? "??" : f.function;
+  if (!f.inlined && f.offset) {
+    char b[32];
+    std::snprintf(b, sizeof b, "+0x%" PRIx64, f.offset);
+    s += b;
+  }
+  s += " (";
+  s += f.file.empty() ? "??" : f.file;
+  s += ":" + std::to_string(f.line);
+  if (f.column) s += ":" + std::to_string(f.column);
+  s += ")";
+  return s;
+}
+
+namespace {
+
+struct MapEntry {
+  MappingInfo info;
+  std::shared_ptr<Module> module;  // null when the file could not be used
+  Unknown failure = Unknown::None;
+};
+
+using MapKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, std::string>;
+
+std::string dirname_of(const std::string& p) {
+  auto s = p.rfind('/');
+  if (s == std::string::npos) return "";
+  if (s == 0) return "/";
+  return p.substr(0, s);
+}
+
+constexpr std::string_view kDeleted = " (deleted)";
+
+std::string strip_deleted(const std::string& p) {
+  if (p.size() > kDeleted.size() && p.compare(p.size() - kDeleted.size(), kDeleted.size(), kDeleted) == 0)
+    return p.substr(0, p.size() - kDeleted.size());
+  return p;
+}
+
+}  // namespace
+
+struct AddressSpace::Impl {
+  pid_t pid = 0;
+  std::vector<std::shared_ptr<const MapEntry>> all;  // never dropped
+  std::set<MapKey> seen;
+  // Current view: start -> (end, entry). Newer mappings shadow older ones
+  // where they overlap; the older remain reachable outside the overlap.
+  std::map<uint64_t, std::pair<uint64_t, const MapEntry*>> view;
+  mutable std::unordered_map<uint64_t, Symbolized> memo[2];
+
+  void insert(std::shared_ptr<const MapEntry> e) {
+    uint64_t s = e->info.start, en = e->info.end;
+    auto it = view.lower_bound(s);
+    if (it != view.begin()) --it;
+    while (it != view.end() && it->first < en) {
+      uint64_t os = it->first, oe = it->second.first;
+      const MapEntry* oent = it->second.second;
+      if (oe <= s) {
+        ++it;
+        continue;
+      }
+      it = view.erase(it);
+      if (os < s) view.emplace(os, std::make_pair(s, oent));
+      if (oe > en) view.emplace(en, std::make_pair(oe, oent));
+    }
+    view[s] = {en, e.get()};
+    all.push_back(std::move(e));
+    memo[0].clear();
+    memo[1].clear();
+  }
+
+  const MapEntry* find(uint64_t a) const {
+    auto it = view.upper_bound(a);
+    if (it == view.begin()) return nullptr;
+    --it;
+    return a < it->second.first ? it->second.second : nullptr;
+  }
+};
+
+AddressSpace::AddressSpace() : impl_(std::make_unique<Impl>()) {}
+AddressSpace::~AddressSpace() = default;
+AddressSpace::AddressSpace(AddressSpace&&) noexcept = default;
+AddressSpace& AddressSpace::operator=(AddressSpace&&) noexcept = default;
+pid_t AddressSpace::pid() const { return impl_->pid; }
+size_t AddressSpace::mapping_count() const { return impl_->all.size(); }
+
+struct Symbolizer::Impl {
+  Options opts;
+  DebugFinder finder;
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<std::shared_ptr<Module>, Unknown>> by_devino;
+  std::unordered_map<std::string, std::shared_ptr<Module>> by_build_id;
+  Stats stats;
+
+  explicit Impl(Options o) : opts(std::move(o)), finder(opts) {}
+
+  // Opened file -> module (cached by dev+inode, then by build-id).
+  std::pair<std::shared_ptr<Module>, Unknown> open_module(Fd fd, const std::string& path,
+                                                          const std::string& dir,
+                                                          const std::string& logical_dir) {
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return {nullptr, Unknown::FileGone};
+    auto key = std::make_pair(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+    if (auto it = by_devino.find(key); it != by_devino.end()) return it->second;
+    ++stats.files_opened;
+    std::pair<std::shared_ptr<Module>, Unknown> res{nullptr, Unknown::BadFile};
+    auto img = ElfImage::open_fd(std::move(fd), path);
+    if (img && !(*img)->loads().empty()) {
+      std::string bid = (*img)->build_id();
+      if (auto it = !bid.empty() ? by_build_id.find(bid) : by_build_id.end(); it != by_build_id.end()) {
+        res = {it->second, Unknown::None};
+      } else {
+        auto m = std::make_shared<Module>(std::move(img).value(), dir, logical_dir);
+        ++stats.modules;
+        if (!bid.empty()) by_build_id.emplace(bid, m);
+        res = {m, Unknown::None};
+      }
+    }
+    by_devino.emplace(key, res);
+    return res;
+  }
+};
+
+Symbolizer::Symbolizer(Options opts) : impl_(std::make_unique<Impl>(std::move(opts))) {}
+Symbolizer::~Symbolizer() = default;
+
+Symbolizer::Stats Symbolizer::stats() const { return impl_->stats; }
+
+Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
+  auto maps = read_maps(pid);
+  if (!maps) return maps.error();
+  auto& a = as.impl();
+  a.pid = pid;
+  const std::string proc = "/proc/" + std::to_string(pid);
+  // A process in another mount namespace / chroot: its paths resolve under
+  // /proc/PID/root. Same root as ours: plain paths (they survive its exit).
+  std::string root_prefix;
+  struct stat r1, r2;
+  if (::stat((proc + "/root").c_str(), &r1) == 0 && ::stat("/", &r2) == 0 &&
+      (r1.st_dev != r2.st_dev || r1.st_ino != r2.st_ino))
+    root_prefix = proc + "/root";
+
+  for (auto& m : *maps) {
+    if (m.perms.find('x') == std::string::npos) continue;
+    MapKey key{m.start, m.end, m.offset, m.dev, m.inode, m.path};
+    if (!a.seen.insert(key).second) continue;
+    auto e = std::make_shared<MapEntry>();
+    e->info = m;
+    if (m.path.empty() || m.path[0] != '/') {
+      e->failure = Unknown::Anonymous;
+      a.insert(std::move(e));
+      continue;
+    }
+    std::string logical = strip_deleted(m.path);
+    char range[64];
+    std::snprintf(range, sizeof range, "/map_files/%" PRIx64 "-%" PRIx64, m.start, m.end);
+    // map_files: the very file mapped, even deleted or replaced (needs CAP_SYS_ADMIN).
+    Fd fd(::open((proc + range).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      Fd f2(::open((root_prefix + logical).c_str(), O_RDONLY | O_CLOEXEC));
+      struct stat st;
+      // Only the same inode: a replaced file must not symbolize the old code.
+      if (f2.valid() && ::fstat(f2.get(), &st) == 0 && (m.inode == 0 || st.st_ino == m.inode))
+        fd = std::move(f2);
+    }
+    if (!fd.valid()) {
+      e->failure = Unknown::FileGone;
+    } else {
+      auto [mod, fail] = impl_->open_module(std::move(fd), logical, root_prefix + dirname_of(logical),
+                                            dirname_of(logical));
+      e->module = std::move(mod);
+      e->failure = fail;
+    }
+    a.insert(std::move(e));
+  }
+  return {};
+}
+
+void Symbolizer::add_mapping(AddressSpace& as, const MappingInfo& m, const std::string& open_path) {
+  auto& a = as.impl();
+  MapKey key{m.start, m.end, m.offset, m.dev, m.inode, m.path};
+  a.seen.insert(key);
+  auto e = std::make_shared<MapEntry>();
+  e->info = m;
+  Fd fd(::open(open_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    e->failure = Unknown::FileGone;
+  } else {
+    std::string logical = strip_deleted(m.path.empty() ? open_path : m.path);
+    auto [mod, fail] = impl_->open_module(std::move(fd), open_path, dirname_of(open_path), dirname_of(logical));
+    e->module = std::move(mod);
+    e->failure = fail;
+  }
+  a.insert(std::move(e));
+}
+
+Result<void> Symbolizer::add_file(AddressSpace& as, const std::string& path, uint64_t bias) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Error::sys("open " + path);
+  auto [mod, fail] = impl_->open_module(std::move(fd), path, dirname_of(path), dirname_of(path));
+  if (!mod) return Error::msg(path + ": " + to_string(fail));
+  struct stat st;
+  ::stat(path.c_str(), &st);
+  auto& a = as.impl();
+  for (const auto& seg : mod->image().loads()) {
+    auto e = std::make_shared<MapEntry>();
+    uint64_t head = seg.offset % 4096;
+    e->info.start = bias + seg.vaddr - head;
+    e->info.end = (bias + seg.vaddr + seg.memsz + 4095) & ~uint64_t{4095};
+    e->info.offset = seg.offset - head;
+    e->info.dev = st.st_dev;
+    e->info.inode = st.st_ino;
+    e->info.perms = std::string(seg.flags & 4 ? "r" : "-") + (seg.flags & 2 ? "w" : "-") +
+                    (seg.flags & 1 ? "x" : "-") + "p";
+    e->info.path = path;
+    e->module = mod;
+    if (e->info.end <= e->info.start) continue;
+    a.seen.insert(MapKey{e->info.start, e->info.end, e->info.offset, e->info.dev, e->info.inode, path});
+    a.insert(std::move(e));
+  }
+  return {};
+}
+
+const Symbolized& Symbolizer::symbolize(const AddressSpace& as, uint64_t address, bool return_address) {
+  ++impl_->stats.lookups;
+  const auto& a = as.impl();
+  auto& memo = a.memo[return_address ? 1 : 0];
+  if (auto it = memo.find(address); it != memo.end()) return it->second;
+  Symbolized s;
+  s.address = address;
+  uint64_t pc = return_address && address > 0 ? address - 1 : address;
+  const MapEntry* e = a.find(pc);
+  if (!e) {
+    s.unknown = Unknown::Unmapped;
+  } else {
+    s.module = e->info.path;
+    s.module_offset = pc - e->info.start + e->info.offset;
+    if (!e->module) {
+      s.unknown = e->failure == Unknown::None ? Unknown::FileGone : e->failure;
+    } else if (auto vaddr = e->module->image().offset_to_vaddr(s.module_offset); !vaddr) {
+      s.unknown = Unknown::NoSymbols;
+    } else {
+      ++impl_->stats.module_lookups;
+      const ModuleLookup& ml = e->module->lookup(*vaddr, impl_->finder, impl_->opts);
+      s.unknown = ml.unknown;
+      s.frames = ml.frames;
+      for (auto& f : s.frames) f.module = e->info.path;
+    }
+  }
+  return memo.emplace(address, std::move(s)).first->second;
+}
+
+std::string Symbolizer::debug_file(const AddressSpace& as, uint64_t address) {
+  const MapEntry* e = as.impl().find(address);
+  if (!e || !e->module) return "";
+  return e->module->debug_path(impl_->finder, impl_->opts);
+}
+
+}  // namespace memtrace::symbolize
