@@ -57,11 +57,11 @@ const ModuleLookup& Module::lookup(uint64_t vaddr, DebugFinder& finder, const Op
       f.column = df[i].column;
       f.inlined = df[i].inlined;
       bool outermost = i + 1 == df.size();
-      // The innermost frame, an out-of-line function known to DWARF by its
-      // plain name only (static functions, clones): the ELF symbol starting
-      // there names it fully, "ns::helper(int)", "f(int) [clone .constprop.0]"
-      // (as binutils addr2line does).
-      if (i == 0 && !f.inlined && !df[i].linkage && sym && sym->addr == df[i].entry)
+      // An out-of-line function known to DWARF by its plain name only (static
+      // functions, clones): the ELF symbol starting there names it fully,
+      // "ns::helper(int)", "f(int) [clone .constprop.0]" (as binutils
+      // addr2line does once it has seen the function's entry).
+      if (!f.inlined && !df[i].linkage && sym && sym->addr == df[i].entry)
         f.function = dm(symbols_.name(*sym));
       if (outermost && f.function.empty() && sym) f.function = dm(symbols_.name(*sym));
       if (outermost && sym) f.offset = vaddr - sym->addr;

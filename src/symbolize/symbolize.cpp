@@ -188,7 +188,8 @@ Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
     char range[64];
     std::snprintf(range, sizeof range, "/map_files/%" PRIx64 "-%" PRIx64, m.start, m.end);
     // map_files: the very file mapped, even deleted or replaced (needs CAP_SYS_ADMIN).
-    Fd fd(::open((proc + range).c_str(), O_RDONLY | O_CLOEXEC));
+    Fd fd;
+    if (impl_->opts.use_map_files) fd.reset(::open((proc + range).c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) {
       Fd f2(::open((root_prefix + logical).c_str(), O_RDONLY | O_CLOEXEC));
       struct stat st;

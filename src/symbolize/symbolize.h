@@ -58,6 +58,7 @@ struct Options {
   std::string debug_root = "/usr/lib/debug";
   bool demangle = true;
   bool dwarf = true;                        // false: ELF symbols only
+  bool use_map_files = true;                // false: only /proc/PID/root/PATH (tests)
 };
 
 class Symbolizer;
