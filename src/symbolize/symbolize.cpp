@@ -190,18 +190,34 @@ Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
     // map_files: the very file mapped, even deleted or replaced (needs CAP_SYS_ADMIN).
     Fd fd;
     if (impl_->opts.use_map_files) fd.reset(::open((proc + range).c_str(), O_RDONLY | O_CLOEXEC));
+    // Else by path: as is when it is the same file (same device and inode; it
+    // stays reachable after the process exits), else through /proc/PID/root
+    // (a container's mount namespace or chroot; same inode). Never a file that
+    // replaced the mapped one: that would symbolize other code.
+    std::string via;
     if (!fd.valid()) {
-      Fd f2(::open((root_prefix + logical).c_str(), O_RDONLY | O_CLOEXEC));
+      Fd f2(::open(logical.c_str(), O_RDONLY | O_CLOEXEC));
       struct stat st;
-      // Only the same inode: a replaced file must not symbolize the old code.
-      if (f2.valid() && ::fstat(f2.get(), &st) == 0 && (m.inode == 0 || st.st_ino == m.inode))
+      if (f2.valid() && ::fstat(f2.get(), &st) == 0 && st.st_ino == m.inode &&
+          static_cast<uint64_t>(st.st_dev) == m.dev) {
         fd = std::move(f2);
+        via = logical;
+      }
+    }
+    if (!fd.valid()) {
+      std::string p = proc + "/root" + logical;
+      Fd f2(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+      struct stat st;
+      if (f2.valid() && ::fstat(f2.get(), &st) == 0 && (m.inode == 0 || st.st_ino == m.inode)) {
+        fd = std::move(f2);
+        via = p;
+      }
     }
     if (!fd.valid()) {
       e->failure = Unknown::FileGone;
     } else {
-      auto [mod, fail] = impl_->open_module(std::move(fd), logical, root_prefix + dirname_of(logical),
-                                            dirname_of(logical));
+      std::string dir = via.empty() ? root_prefix + dirname_of(logical) : dirname_of(via);
+      auto [mod, fail] = impl_->open_module(std::move(fd), logical, dir, dirname_of(logical));
       e->module = std::move(mod);
       e->failure = fail;
     }
