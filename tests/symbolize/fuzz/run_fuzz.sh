@@ -1,0 +1,27 @@
+#!/bin/sh
+# run_fuzz.sh SOURCE_DIR BUILD_DIR CLANGXX SECONDS [FIXTURE_DIR]
+# Builds the libFuzzer target with clang -fsanitize=fuzzer,address in its own
+# directory and runs it for SECONDS on a seed corpus of real ELF files
+# (fixtures of this test suite, small system binaries). Fails on any finding.
+set -eu
+src=$1 build=$2 cxx=$3 secs=$4 fx=${5:-}
+mkdir -p "$build/corpus" "$build/artifacts"
+sym=$src/src/symbolize
+# Rebuild only when a source changed.
+stamp=$build/fuzz_symbolize
+if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/tests/symbolize/fuzz" -newer "$stamp" -name '*.[ch]*' | head -1)" ]; then
+  "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -I"$src/src" -o "$stamp.tmp" \
+    "$src/tests/symbolize/fuzz/fuzz_symbolize.cpp" \
+    "$sym/symbolize.cpp" "$sym/proc_maps.cpp" "$sym/elf_image.cpp" "$sym/dwarf_index.cpp" \
+    "$sym/debug_finder.cpp" "$sym/module.cpp" -ldw -lelf
+  mv "$stamp.tmp" "$stamp"
+fi
+# Seeds: small real ELF files (executables, a shared object, debug-only files).
+for f in /usr/bin/true /usr/lib/x86_64-linux-gnu/libdl.so.2 "$fx/libfxlib.so" "$fx/fx_O0_pie" \
+         "$fx/fx_bid" "$fx/.debug/fx_dl.debug"; do
+  [ -f "$f" ] && cp -f "$f" "$build/corpus/seed_$(basename "$f")" || true
+done
+cd "$build"
+exec ./fuzz_symbolize -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=300000 \
+  -artifact_prefix=artifacts/ -print_final_stats=1 corpus
