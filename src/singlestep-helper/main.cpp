@@ -79,9 +79,21 @@ int main(int argc, char** argv) {
   app.add_option("--track-allocs-from", o.track_allocs_from,
                  "track every block returned by malloc/calloc/realloc to FUNCTION until freed");
   app.add_option("--track-alloc-size", o.track_alloc_size, "with --track-allocs-from: only blocks of this size");
-  app.add_option("command", o.command, "-- PROGRAM ARGS: start PROGRAM and track it");
+  app.footer("  -- PROGRAM ARGS    start PROGRAM under the helper and track it (exit status is PROGRAM's)");
+  // Everything after "--" is the program to launch, options included.
+  int split = argc;
+  for (int i = 1; i < argc; i++)
+    if (std::string(argv[i]) == "--") {
+      split = i;
+      break;
+    }
+  for (int i = split + 1; i < argc; i++) o.command.push_back(argv[i]);
+  if (split < argc && o.command.empty()) {
+    std::fprintf(stderr, "memtrace-singlestep: nothing to launch after --\n");
+    return 2;
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(split, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

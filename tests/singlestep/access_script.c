@@ -62,6 +62,16 @@ static inline void add32(unsigned char* p, uint32_t v) { __asm__ volatile("addl 
 static inline uint64_t xchg64(unsigned char* p, uint64_t v) { __asm__ volatile("xchgq %0, (%1)" : "+r"(v) : "r"(p) : "memory"); return v; }
 
 static volatile uint64_t sink;
+// For the hardware-watchpoint test: an aligned word on its own.
+__attribute__((aligned(64))) uint64_t ss_word;
+
+__attribute__((noinline)) static void hw_script(int n) {
+  for (int i = 0; i < n; i++) {
+    st64((unsigned char*)&ss_word, (uint64_t)i); printf("W +0 8 write\n");
+    sink += ld64((unsigned char*)&ss_word);      printf("W +0 8 read\n");
+    sink += ld32((unsigned char*)&ss_word + 4);  printf("W +0 8 read\n");
+  }
+}
 
 __attribute__((noinline)) static void script_single(void) {
   unsigned char* r = ss_region;
@@ -123,10 +133,13 @@ __attribute__((noinline)) static void* thread_script(void* arg) {
 int main(int argc, char** argv) {
   int threads = 0;
   int wait_stdin = 0;
+  int spin = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
+    else if (!strcmp(argv[i], "--hw") && i + 1 < argc) { hw_script(atoi(argv[++i])); printf("done\n"); return 7; }
+    else if (!strcmp(argv[i], "--spin") && i + 1 < argc) spin = atoi(argv[++i]);
   }
   volatile uintptr_t b = (uintptr_t)ss_before, r = (uintptr_t)ss_region, a = (uintptr_t)ss_after;
   if (b + 256 != r || r + REGION != a || (b >> 12) != ((a + 255) >> 12)) {
@@ -140,6 +153,8 @@ int main(int argc, char** argv) {
     if (!fgets(line, sizeof line, stdin)) return 5;
   }
   script_single();
+  // --spin N: N more rounds of region accesses, for the interrupt tests (not logged).
+  for (int k = 0; k < spin; k++) { st64(ss_region + 900, (uint64_t)k); sink += ld32(ss_region + 904); lock_add(ss_region + 912, 1); }
   if (threads > 0) {
     pthread_t th[8];
     for (int t = 0; t < threads && t < 4; t++) pthread_create(&th[t], NULL, thread_script, (void*)(intptr_t)t);
