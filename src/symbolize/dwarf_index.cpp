@@ -3,6 +3,7 @@
 #include <dwarf.h>
 
 #include <algorithm>
+#include <set>
 
 #include "symbolize/elf_image.h"
 
@@ -46,56 +47,6 @@ int attr_int(Dwarf_Die* die, int name) {
   return v > 0x7fffffff ? 0 : static_cast<int>(v);
 }
 
-// Chain of function scopes (subprogram / inlined_subroutine) containing pc,
-// outermost first, from the concrete DIE tree of the CU.
-std::vector<Dwarf_Die> function_chain(Dwarf_Die* cudie, uint64_t pc) {
-  std::vector<Dwarf_Die> chain;
-  std::vector<Dwarf_Die> resume;  // containers entered, to continue after their children
-  Dwarf_Die cur;
-  int rc = dwarf_child(cudie, &cur);
-  size_t visits = 0;
-  while (visits++ < kMaxVisits) {
-    if (rc != 0) {  // no more siblings at this level: leave a container
-      if (resume.empty()) break;
-      Dwarf_Die c = resume.back();
-      resume.pop_back();
-      Dwarf_Off o = dwarf_dieoffset(&c);
-      rc = dwarf_siblingof(&c, &cur);
-      if (rc == 0 && dwarf_dieoffset(&cur) <= o) break;
-      continue;
-    }
-    int tag = dwarf_tag(&cur);
-    if (is_pc_scope(tag) && dwarf_haspc(&cur, pc) == 1) {
-      if (is_function(tag)) chain.push_back(cur);
-      if (chain.size() > kMaxDepth) break;
-      resume.clear();  // committed to this subtree
-      Dwarf_Die child;
-      Dwarf_Die parent = cur;
-      rc = dwarf_child(&parent, &child);
-      if (rc == 0) cur = child;
-      else break;  // innermost scope reached
-      continue;
-    }
-    if (is_container(tag) && dwarf_haschildren(&cur) == 1 && resume.size() < kMaxDepth) {
-      Dwarf_Die child;
-      if (dwarf_child(&cur, &child) == 0) {
-        resume.push_back(cur);
-        cur = child;
-        rc = 0;
-        continue;
-      }
-    }
-    Dwarf_Off o = dwarf_dieoffset(&cur);
-    Dwarf_Die sib;
-    rc = dwarf_siblingof(&cur, &sib);
-    if (rc == 0) {
-      if (dwarf_dieoffset(&sib) <= o) break;  // a loop in hostile DWARF
-      cur = sib;
-    }
-  }
-  return chain;
-}
-
 }  // namespace
 
 DwarfIndex::~DwarfIndex() {
@@ -130,6 +81,89 @@ std::unique_ptr<DwarfIndex> DwarfIndex::create(const ElfImage& img) {
   return idx;
 }
 
+const DwarfIndex::CuFunctions& DwarfIndex::functions_of(Dwarf_Die* cudie) {
+  Dwarf_Off key = dwarf_dieoffset(cudie);
+  if (auto it = cu_functions_.find(key); it != cu_functions_.end()) return it->second;
+  CuFunctions& cf = cu_functions_[key];
+  struct Node {
+    uint64_t lo, hi;
+    int32_t scope;
+    uint32_t depth;
+  };
+  std::vector<Node> nodes;
+  // Iterative walk of the whole CU: (die, enclosing function scope, depth).
+  struct Level {
+    Dwarf_Die die;
+    int32_t scope;
+  };
+  std::vector<Level> stack;
+  Dwarf_Die child;
+  if (dwarf_child(cudie, &child) == 0) stack.push_back({child, -1});
+  size_t visits = 0;
+  while (!stack.empty() && visits++ < kMaxVisits) {
+    Level& top = stack.back();
+    Dwarf_Die cur = top.die;
+    int32_t scope = top.scope;
+    // Advance this level to the next sibling now (forward only: hostile loops).
+    Dwarf_Off o = dwarf_dieoffset(&cur);
+    Dwarf_Die sib;
+    int rc = dwarf_siblingof(&cur, &sib);
+    if (rc == 0 && dwarf_dieoffset(&sib) > o) top.die = sib;
+    else stack.pop_back();
+
+    int tag = dwarf_tag(&cur);
+    int32_t inner = scope;
+    if (is_function(tag) && cf.scopes.size() < INT32_MAX) {
+      Dwarf_Addr base, lo, hi;
+      ptrdiff_t off = 0;
+      int32_t idx = -1;
+      for (int n = 0; n < 4096 && (off = dwarf_ranges(&cur, off, &base, &lo, &hi)) > 0; ++n) {
+        if (hi <= lo) continue;
+        if (idx < 0) {
+          idx = static_cast<int32_t>(cf.scopes.size());
+          cf.scopes.push_back({o, scope});
+        }
+        nodes.push_back({lo, hi, idx, static_cast<uint32_t>(stack.size())});
+      }
+      if (idx >= 0) inner = idx;
+    }
+    if ((is_pc_scope(tag) || is_container(tag)) && stack.size() < kMaxDepth && dwarf_haschildren(&cur) == 1 &&
+        dwarf_child(&cur, &child) == 0)
+      stack.push_back({child, inner});
+  }
+  // Flatten into disjoint segments, each naming the deepest scope covering
+  // it (ranges of one scope need not nest inside one range of its parent).
+  std::vector<uint32_t> depth(cf.scopes.size(), 0);
+  for (size_t i = 0; i < cf.scopes.size(); ++i) {
+    int32_t p = cf.scopes[i].parent;
+    depth[i] = (p >= 0 && static_cast<size_t>(p) < i) ? depth[static_cast<size_t>(p)] + 1 : 0;
+  }
+  struct Event {
+    uint64_t pos;
+    bool open;
+    int32_t scope;
+  };
+  std::vector<Event> ev;
+  ev.reserve(nodes.size() * 2);
+  for (const Node& n : nodes) {
+    ev.push_back({n.lo, true, n.scope});
+    ev.push_back({n.hi, false, n.scope});
+  }
+  std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.pos < b.pos; });
+  std::multiset<std::pair<uint32_t, int32_t>> active;  // (depth, scope)
+  for (size_t i = 0; i < ev.size();) {
+    uint64_t pos = ev[i].pos;
+    for (; i < ev.size() && ev[i].pos == pos; ++i) {
+      auto key = std::make_pair(depth[static_cast<size_t>(ev[i].scope)], ev[i].scope);
+      if (ev[i].open) active.insert(key);
+      else if (auto it = active.find(key); it != active.end()) active.erase(it);
+    }
+    int32_t top = active.empty() ? -1 : active.rbegin()->second;
+    if (cf.segments.empty() || cf.segments.back().second != top) cf.segments.emplace_back(pos, top);
+  }
+  return cf;
+}
+
 bool DwarfIndex::lookup(uint64_t vaddr, std::vector<DwarfFrame>& out) {
   auto it = std::upper_bound(ranges_.begin(), ranges_.end(), vaddr,
                              [](uint64_t v, const CuRange& r) { return v < r.lo; });
@@ -155,7 +189,21 @@ bool DwarfIndex::lookup(uint64_t vaddr, std::vector<DwarfFrame>& out) {
     inner.column = c;
   }
 
-  std::vector<Dwarf_Die> chain = function_chain(&cudie, vaddr);
+  // Function scopes containing vaddr, outermost first.
+  std::vector<Dwarf_Die> chain;
+  const CuFunctions& cf = functions_of(&cudie);
+  auto seg = std::upper_bound(cf.segments.begin(), cf.segments.end(), vaddr,
+                              [](uint64_t v, const std::pair<uint64_t, int32_t>& s) { return v < s.first; });
+  if (seg != cf.segments.begin()) {
+    int32_t sc = std::prev(seg)->second;
+    for (size_t n = 0; sc >= 0 && static_cast<size_t>(sc) < cf.scopes.size() && n < kMaxDepth; ++n) {
+      Dwarf_Die d;
+      if (!dwarf_offdie(dw_, cf.scopes[static_cast<size_t>(sc)].die, &d)) break;
+      chain.push_back(d);
+      sc = cf.scopes[static_cast<size_t>(sc)].parent;
+    }
+    std::reverse(chain.begin(), chain.end());
+  }
   if (chain.empty()) {
     out.push_back(std::move(inner));
     return true;

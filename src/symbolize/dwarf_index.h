@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace memtrace::symbolize {
@@ -40,8 +41,22 @@ class DwarfIndex {
     uint64_t lo, hi;
     Dwarf_Off cu_die;
   };
+  // Function scopes of one CU (subprograms, inlined subroutines), walked once
+  // on the CU's first lookup and flattened into disjoint address segments,
+  // each naming its innermost scope: a lookup is a binary search.
+  struct CuFunctions {
+    struct Scope {
+      Dwarf_Off die;
+      int32_t parent;  // index of the enclosing function scope, -1 if none
+    };
+    std::vector<Scope> scopes;
+    std::vector<std::pair<uint64_t, int32_t>> segments;  // start -> scope (-1: none)
+  };
+  const CuFunctions& functions_of(Dwarf_Die* cudie);
+
   Dwarf* dw_ = nullptr;
   std::vector<CuRange> ranges_;
+  std::unordered_map<Dwarf_Off, CuFunctions> cu_functions_;
   size_t cu_count_ = 0;
 };
 
