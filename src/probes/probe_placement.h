@@ -83,6 +83,12 @@ Placement choose_entry_offset(const std::vector<uint8_t>& code, uint64_t addr, c
 Placement choose_entry_offset(const std::vector<uint8_t>& code, uint64_t addr, const Needs& needs,
                               const PlaceOptions& opts);
 
+// Where the uretprobe of the same function goes. A return probe hijacks the
+// return address at [rsp] when its breakpoint is hit, so it must sit where
+// rsp_adjust == 0; at the entry probe's own offset when possible, so that one
+// trap (emulated) serves both consumers. Otherwise at the function entry.
+inline uint64_t return_probe_offset(const Placement& p) { return p.rsp_adjust == 0 ? p.offset : 0; }
+
 // True if the running kernel emulates this instruction for uprobes (x86-64).
 bool kernel_emulates(const uint8_t* insn, size_t len);
 bool kernel_emulates(const uint8_t* insn, size_t len, const KernelCaps& caps);
