@@ -1,0 +1,147 @@
+#!/usr/bin/python3
+"""Probe cost of memtrace-bpf against the uprobe floor (issue 4).
+
+For each workload (W1 python+json, W2 C malloc/free loop, W3 sqlite3) and each
+mode, run N times and print the median wall time and the ratios against the
+untraced run and against floor(chosen):
+
+  untraced        the command alone
+  floor0          bench/floor: empty BPF programs, probes at offset 0
+  floor           the same at the chosen offsets (src/probes)
+  memtrace        memtrace-bpf -- CMD            (if the binary exists)
+  memtrace-nostk  memtrace-bpf --no-stacks -- CMD
+  heaptrack       heaptrack CMD (LD_PRELOAD + libunwind)
+
+Floor rows use the floor's own FLOOR_CHILD_SECONDS (release to exit: the
+detach of its links is not the workload's cost); every other row is the wall
+time of the whole command as a user sees it.
+
+  sudo bench/probe_cost.py [--repeat 5] [--build build-probes] [--memtrace PATH]
+                           [--workloads W1,W2,W3] [--modes untraced,floor0,...]
+"""
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+
+
+def workloads(build, tmp):
+    w2 = os.path.join(build, "bench/floor/w2_malloc_loop")
+    if not os.path.exists(w2):
+        w2 = os.path.join(tmp, "w2_malloc_loop")
+        subprocess.run(["cc", "-O2", "-fno-builtin", "-o", w2,
+                        os.path.join(HERE, "workloads/w2_malloc_loop.c")], check=True)
+    sql = os.path.join(tmp, "w3.sql")
+    subprocess.run([PY, os.path.join(HERE, "workloads/w3_gen_sql.py"), sql], check=True)
+    return {
+        "W1": (["env", "PYTHONMALLOC=malloc", PY, os.path.join(HERE, "workloads/w1_json_dicts.py")],
+               "python3 json round-trip of 50k dicts"),
+        "W2": ([w2, "2000000"], "C malloc/free loop, 2M rounds"),
+        "W3": (["sqlite3", ":memory:", ".read " + sql], "sqlite3: 60k inserts, index, 500 updates"),
+    }
+
+
+def command(mode, cmd, floor_bin, memtrace_bin, tmp):
+    # env VAR=... stays in front of the traced command for tracers that exec it.
+    if mode == "untraced":
+        return cmd
+    if mode == "floor0":
+        return [floor_bin, "--offsets", "zero", "--"] + cmd
+    if mode == "floor":
+        return [floor_bin, "--offsets", "chosen", "--"] + cmd
+    if mode == "memtrace":
+        return [memtrace_bin, "--"] + cmd
+    if mode == "memtrace-nostk":
+        return [memtrace_bin, "--no-stacks", "--"] + cmd
+    if mode == "heaptrack":
+        return ["heaptrack", "-o", os.path.join(tmp, "ht")] + cmd
+    raise ValueError(mode)
+
+
+def run_once(argv, mode):
+    t0 = time.monotonic()
+    p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.monotonic() - t0
+    if p.returncode != 0:
+        raise RuntimeError("%s exited %d: %s" % (" ".join(argv), p.returncode, p.stderr[-2000:]))
+    if mode.startswith("floor"):
+        m = re.search(r"FLOOR_CHILD_SECONDS=([0-9.]+)", p.stderr)
+        if not m:
+            raise RuntimeError("no FLOOR_CHILD_SECONDS from " + " ".join(argv) + ": " + p.stderr[-2000:])
+        if "uprobes +" not in p.stderr:
+            raise RuntimeError("floor attached nothing: " + p.stderr[-2000:])
+        return float(m.group(1))
+    return wall
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build-probes"))
+    ap.add_argument("--floor", default=None, help="memtrace-floor binary (default BUILD/bench/floor/memtrace-floor)")
+    ap.add_argument("--memtrace", default=os.path.join(ROOT, "build/src/loader/memtrace-bpf"))
+    ap.add_argument("--workloads", default="W1,W2,W3")
+    ap.add_argument("--modes", default="untraced,floor0,floor,memtrace,memtrace-nostk,heaptrack")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("probe_cost: run as root (uprobes)")
+    floor_bin = a.floor or os.path.join(a.build, "bench/floor/memtrace-floor")
+    if not os.path.exists(floor_bin):
+        sys.exit("probe_cost: no %s (cmake --build %s --target memtrace-floor w2_malloc_loop)" % (floor_bin, a.build))
+    modes = a.modes.split(",")
+    if not os.path.exists(a.memtrace):
+        print("# %s not built: skipping memtrace rows" % a.memtrace)
+        modes = [m for m in modes if not m.startswith("memtrace")]
+    if not shutil.which("heaptrack"):
+        modes = [m for m in modes if m != "heaptrack"]
+
+    tmp = tempfile.mkdtemp(prefix="probe_cost.")
+    wl = workloads(a.build, tmp)
+    print("# kernel %s, %d runs per cell, median seconds" % (os.uname().release, a.repeat))
+    print("# reproduce: sudo %s --repeat %d" % (" ".join(sys.argv[:1]), a.repeat))
+    results = {}
+    for w in a.workloads.split(","):
+        cmd, what = wl[w]
+        for mode in modes:
+            argv = command(mode, cmd, floor_bin, a.memtrace, tmp)
+            times = []
+            for _ in range(a.repeat):
+                times.append(run_once(argv, mode))
+                for f in os.listdir(tmp):
+                    if f.startswith("ht."):
+                        os.unlink(os.path.join(tmp, f))
+            results[(w, mode)] = statistics.median(times)
+            print("#  %s %-15s %s" % (w, mode, " ".join("%.3f" % t for t in times)), flush=True)
+
+    print()
+    print("| workload | mode | median s | x untraced | x floor(chosen) |")
+    print("|---|---|---:|---:|---:|")
+    for w in a.workloads.split(","):
+        base = results.get((w, "untraced"))
+        fl = results.get((w, "floor"))
+        for mode in modes:
+            t = results[(w, mode)]
+            r1 = "%.2f" % (t / base) if base else "-"
+            r2 = "%.2f" % (t / fl) if fl else "-"
+            print("| %s | %s | %.3f | %s | %s |" % (w, mode, t, r1, r2))
+    f0, fc = results.get(("W1", "floor0")), results.get(("W1", "floor"))
+    if f0 and fc:
+        print("\nW1 floor(chosen)/floor(offset 0) = %.3f (target <= 0.3)" % (fc / f0))
+    for w in ("W1", "W3"):
+        m, fc = results.get((w, "memtrace")), results.get((w, "floor"))
+        if m and fc:
+            print("%s memtrace-bpf/floor(chosen) = %.2f (target <= 1.5)" % (w, m / fc))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
