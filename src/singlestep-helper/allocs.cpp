@@ -1,14 +1,178 @@
-// --track-allocs-from FUNCTION: placeholder until implemented.
+// --track-allocs-from FUNCTION: DHAT-like per-block access counts, attached.
+//
+// The helper is already ptrace-attached, so it uses software breakpoints
+// (int3 written through /proc/PID/mem): at malloc/calloc/realloc/free in the
+// allocator found in /proc/PID/maps + ELF symbols, and at the return address
+// of calls made from inside FUNCTION's symbol range. A block returned to
+// FUNCTION becomes a tracked region (its pages protected) until it is freed;
+// every access to it is recorded and counted per block. In launch mode libc is
+// not mapped at exec, so the allocator breakpoints are installed the first
+// time FUNCTION is entered (a "gate" breakpoint on its first byte).
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
+
 #include "allocs.h"
 
-#include <signal.h>
+#include <functional>
 
 namespace memtrace::singlestep {
+namespace {
+constexpr uint64_t kPage = 4096;
+uint64_t page_of(uint64_t a) { return a & ~(kPage - 1); }
+long ptr_(int req, pid_t tid, uint64_t a, uint64_t d) {
+  return ptrace(static_cast<__ptrace_request>(req), tid, reinterpret_cast<void*>(a), reinterpret_cast<void*>(d));
+}
+}  // namespace
 
-// AllocState: allocs.h
+static bool insert_bp(Tracer::AllocState& A, uint64_t addr, const std::function<bool(uint64_t, void*, size_t)>& rd,
+                      const std::function<bool(uint64_t, const void*, size_t)>& wr) {
+  if (A.saved.count(addr)) return true;
+  uint8_t orig = 0, cc = 0xcc;
+  if (!rd(addr, &orig, 1) || !wr(addr, &cc, 1)) return false;
+  A.saved[addr] = orig;
+  return true;
+}
 
-Result<void> Tracer::arm_alloc_tracking() { return Error::msg("--track-allocs-from is not implemented yet"); }
-void Tracer::alloc_breakpoint(pid_t tid, user_regs_struct& regs) { threads_[tid].resume_sig = SIGTRAP; }
-void Tracer::disarm_alloc_tracking(pid_t tid) {}
+static void remove_bp(Tracer::AllocState& A, uint64_t addr, const std::function<bool(uint64_t, const void*, size_t)>& wr) {
+  auto it = A.saved.find(addr);
+  if (it == A.saved.end()) return;
+  wr(addr, &it->second, 1);
+  A.saved.erase(it);
+}
+
+Result<void> Tracer::arm_alloc_tracking() {
+  allocs_ = std::make_unique<AllocState>();
+  report_.track_allocs_from = opt_.track_allocs_from;
+  auto f = symbols_->find_function(opt_.track_allocs_from);
+  if (!f) return f.error();
+  allocs_->caller_lo = f->start;
+  allocs_->caller_hi = f->start + std::max<uint64_t>(f->size, 1);
+  auto rd = [this](uint64_t a, void* b, size_t n) { return mem_read(a, b, n); };
+  auto wr = [this](uint64_t a, const void* b, size_t n) { return mem_write(a, b, n); };
+  allocs_->gate = f->start;
+  if (!insert_bp(*allocs_, f->start, rd, wr))
+    return Error::msg("cannot insert a breakpoint at " + opt_.track_allocs_from);
+  return {};
+}
+
+void Tracer::alloc_breakpoint(pid_t tid, user_regs_struct& regs) {
+  AllocState& A = *allocs_;
+  uint64_t bp = regs.rip - 1;
+  Thread& t = threads_[tid];
+  if (!A.saved.count(bp)) {
+    t.resume_sig = SIGTRAP;  // not ours: the program's own SIGTRAP
+    return;
+  }
+  auto rd = [this](uint64_t a, void* b, size_t n) { return mem_read(a, b, n); };
+  auto wr = [this](uint64_t a, const void* b, size_t n) { return mem_write(a, b, n); };
+  uint64_t now = now_ns();
+  if (threads_.size() > 1) stop_world(tid);
+
+  auto block_pages_needed = [&](uint64_t p) {
+    for (const auto& r : report_.regions)
+      if (r.overlaps(p, kPage)) return true;
+    for (const auto& b : report_.blocks)
+      if (!b.free_time_ns && b.addr < p + kPage && p < b.addr + b.size) return true;
+    return false;
+  };
+  auto on_free = [&](uint64_t ptr) {
+    for (auto& b : report_.blocks) {
+      if (b.free_time_ns || b.addr != ptr) continue;
+      b.free_time_ns = now;
+      for (uint64_t p = page_of(b.addr); p < b.addr + b.size; p += kPage) {
+        if (block_pages_needed(p)) continue;
+        auto it = pages_.find(p);
+        if (it == pages_.end()) continue;
+        (void)set_prot(tid, p, 1, it->second.orig_prot);
+        pages_.erase(p);
+      }
+    }
+  };
+
+  if (bp == A.gate && !A.installed) {
+    A.installed = true;
+    ProcessSymbols fresh(pid_);
+    const std::pair<const char*, AllocState::Fn> fns[] = {
+        {"malloc", AllocState::kMalloc}, {"calloc", AllocState::kCalloc}, {"realloc", AllocState::kRealloc},
+        {"free", AllocState::kFree}};
+    for (auto [name, fn] : fns) {
+      auto s = fresh.find_function(name);
+      if (!s) continue;
+      A.entries[s->start] = fn;
+      insert_bp(A, s->start, rd, wr);
+    }
+    if (!A.entries.count(bp)) remove_bp(A, bp, wr);  // the gate is no longer needed
+  }
+  if (auto e = A.entries.find(bp); e != A.entries.end()) {
+    uint64_t ret = 0;
+    mem_read(regs.rsp, &ret, 8);
+    if (e->second == AllocState::kFree) {
+      on_free(regs.rdi);
+    } else if (ret >= A.caller_lo && ret < A.caller_hi) {
+      AllocState::Pending p{e->second, 0, 0, ret};
+      p.size = e->second == AllocState::kMalloc   ? regs.rdi
+               : e->second == AllocState::kCalloc ? regs.rdi * regs.rsi
+                                                  : regs.rsi;
+      p.old_ptr = e->second == AllocState::kRealloc ? regs.rdi : 0;
+      if (!opt_.track_alloc_size || p.size == opt_.track_alloc_size) {
+        A.pending[tid] = p;
+        if (A.return_refs[ret]++ == 0) insert_bp(A, ret, rd, wr);
+      }
+    }
+  }
+  if (auto p = A.pending.find(tid); p != A.pending.end() && p->second.ret_addr == bp) {
+    uint64_t ptr = regs.rax;
+    if (p->second.fn == AllocState::kRealloc && p->second.old_ptr) on_free(p->second.old_ptr);
+    if (ptr && p->second.size) {
+      Block b;
+      b.addr = ptr;
+      b.size = p->second.size;
+      b.alloc_time_ns = now;
+      report_.blocks.push_back(b);
+      auto maps = read_maps(pid_);
+      for (uint64_t pg = page_of(ptr); pg < ptr + b.size; pg += kPage) {
+        if (pages_.count(pg)) continue;
+        int prot = PROT_READ | PROT_WRITE;
+        if (maps)
+          for (const auto& m : *maps)
+            if (pg >= m.start && pg < m.end) prot = m.prot;
+        pages_[pg] = Page{prot, prot};
+        (void)set_prot(tid, pg, 1, PROT_NONE);
+      }
+    }
+    if (--A.return_refs[bp] == 0 && !A.entries.count(bp) && bp != A.gate) remove_bp(A, bp, wr);
+    A.pending.erase(p);
+  }
+  // Execute the original instruction under the breakpoint: restore, step, re-insert.
+  regs.rip = bp;
+  ptr_(PTRACE_SETREGS, tid, 0, reinterpret_cast<uint64_t>(&regs));
+  if (auto it = A.saved.find(bp); it != A.saved.end()) {
+    uint8_t orig = it->second, cc = 0xcc;
+    mem_write(bp, &orig, 1);
+    ptr_(PTRACE_SINGLESTEP, tid, 0, 0);
+    int st = wait_for(tid);
+    mem_write(bp, &cc, 1);
+    if (WIFSTOPPED(st) && WSTOPSIG(st) != SIGTRAP) t.resume_sig = WSTOPSIG(st);
+    if (!WIFSTOPPED(st)) handle(tid, st);
+  }
+}
+
+void Tracer::disarm_alloc_tracking(pid_t tid) {
+  if (!allocs_) return;
+  auto wr = [this](uint64_t a, const void* b, size_t n) { return mem_write(a, b, n); };
+  // Threads stopped right after one of our int3s go back to the original instruction.
+  for (auto& [id, t] : threads_) {
+    if (t.resume_sig != SIGTRAP) continue;
+    user_regs_struct r;
+    if (ptr_(PTRACE_GETREGS, id, 0, reinterpret_cast<uint64_t>(&r)) == 0 && allocs_->saved.count(r.rip - 1)) {
+      r.rip -= 1;
+      ptr_(PTRACE_SETREGS, id, 0, reinterpret_cast<uint64_t>(&r));
+      t.resume_sig = 0;
+    }
+  }
+  while (!allocs_->saved.empty()) remove_bp(*allocs_, allocs_->saved.begin()->first, wr);
+}
 
 }  // namespace memtrace::singlestep

@@ -22,7 +22,8 @@ struct Tracer::AllocState {
   std::map<uint64_t, uint8_t> saved;       // breakpoint address -> original byte
   std::map<uint64_t, int> return_refs;     // return-address breakpoints in use
   std::map<pid_t, Pending> pending;
-  std::map<pid_t, uint64_t> restep;        // thread that must step over a restored breakpoint
+  uint64_t gate = 0;                       // FUNCTION's entry: install allocator breakpoints there
+  bool installed = false;
 };
 
 }  // namespace memtrace::singlestep

@@ -113,7 +113,11 @@ class Tracer {
   Result<void> arm_alloc_tracking();
   void alloc_breakpoint(pid_t tid, user_regs_struct& regs);
   void disarm_alloc_tracking(pid_t tid);
-  struct AllocState;
+
+ public:
+  struct AllocState;  // allocs.h
+
+ private:
   std::unique_ptr<AllocState> allocs_;
 
   Options opt_;

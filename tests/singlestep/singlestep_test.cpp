@@ -144,6 +144,8 @@ TEST_F(Singlestep, FourThreadsExactWithoutEmulation) {
   expect_exact({"--threads", "4", "--rounds", "50"}, {"--mode", "step", "--no-emulate"});
 }
 
+TEST_F(Singlestep, SignalsDeliveredAsUntraced) { expect_exact({"--signals"}, {"--mode", "step"}); }
+
 TEST_F(Singlestep, TextReportHasSummaryAndByteMap) {
   Proc r = run({SS_HELPER, "--mode", "step", "--symbol", "ss_region", "--", SS_TARGET});
   EXPECT_EQ(r.status, 7);
@@ -313,6 +315,27 @@ TEST_F(Singlestep, DurationStopsTracking) {
   EXPECT_EQ(r.status, 7);
   EXPECT_EQ(json::parse(slurp(js))["stop_reason"], "duration");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
+}  // namespace
+
+namespace {
+
+// --track-allocs-from: blocks returned to make_blocks are tracked until freed.
+TEST(SinglestepAllocs, PerBlockCountsFromCallSite) {
+  MEMTRACE_REQUIRE_ROOT();
+  std::string js = tmp("allocs.json");
+  Proc r = run({SS_HELPER, "--track-allocs-from", "make_blocks", "--format", "json", "-o", js, "--", SS_ALLOC_TARGET});
+  ASSERT_EQ(r.status, 0) << r.err;
+  json j = json::parse(slurp(js));
+  ASSERT_EQ(j["blocks"].size(), 3u) << j.dump();
+  std::string got;
+  int i = 0;
+  for (const auto& b : j["blocks"])
+    got += "B" + std::to_string(i++) + " " + std::to_string(b["size"].get<int>()) + " reads " +
+           std::to_string(b["reads"].get<int>()) + " writes " + std::to_string(b["writes"].get<int>()) + "\n";
+  EXPECT_EQ(got + "done\n", r.out);
+  for (const auto& b : j["blocks"]) EXPECT_GT(b["free_time_ns"].get<uint64_t>(), 0u);
 }
 
 }  // namespace
