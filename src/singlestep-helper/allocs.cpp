@@ -15,12 +15,19 @@
 
 #include "allocs.h"
 
+#include <cstdio>
 #include <functional>
+#include <string>
 
 namespace memtrace::singlestep {
 namespace {
 constexpr uint64_t kPage = 4096;
 uint64_t page_of(uint64_t a) { return a & ~(kPage - 1); }
+std::string hex(uint64_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%llx", (unsigned long long)v);
+  return b;
+}
 long ptr_(int req, pid_t tid, uint64_t a, uint64_t d) {
   return ptrace(static_cast<__ptrace_request>(req), tid, reinterpret_cast<void*>(a), reinterpret_cast<void*>(d));
 }
@@ -32,6 +39,7 @@ static bool insert_bp(Tracer::AllocState& A, uint64_t addr, const std::function<
   uint8_t orig = 0, cc = 0xcc;
   if (!rd(addr, &orig, 1) || !wr(addr, &cc, 1)) return false;
   A.saved[addr] = orig;
+  guardian_note("bp " + hex(addr) + " " + std::to_string(orig));
   return true;
 }
 
@@ -40,6 +48,7 @@ static void remove_bp(Tracer::AllocState& A, uint64_t addr, const std::function<
   if (it == A.saved.end()) return;
   wr(addr, &it->second, 1);
   A.saved.erase(it);
+  guardian_note("unbp " + hex(addr));
 }
 
 Result<void> Tracer::arm_alloc_tracking() {
@@ -87,6 +96,7 @@ void Tracer::alloc_breakpoint(pid_t tid, user_regs_struct& regs) {
         if (it == pages_.end()) continue;
         (void)set_prot(tid, p, 1, it->second.orig_prot);
         pages_.erase(p);
+        guardian_note("unpage " + hex(p));
       }
     }
   };
@@ -139,6 +149,7 @@ void Tracer::alloc_breakpoint(pid_t tid, user_regs_struct& regs) {
           for (const auto& m : *maps)
             if (pg >= m.start && pg < m.end) prot = m.prot;
         pages_[pg] = Page{prot, prot};
+        guardian_note("page " + hex(pg) + " " + std::to_string(prot));
         (void)set_prot(tid, pg, 1, PROT_NONE);
       }
     }

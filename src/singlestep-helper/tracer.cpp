@@ -78,6 +78,113 @@ struct SyscallInfo {
 
 }  // namespace
 
+namespace {
+int g_guardian_fd = -1;
+pid_t g_guardian_pid = 0;
+}  // namespace
+
+void guardian_note(const std::string& line) {
+  if (g_guardian_fd < 0) return;
+  std::string l = line + "\n";
+  (void)!write(g_guardian_fd, l.data(), l.size());
+}
+
+static std::string hexs(uint64_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%llx", (unsigned long long)v);
+  return b;
+}
+
+Result<void> Tracer::start_guardian() {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return Error::sys("pipe");
+  pid_t g = fork();
+  if (g < 0) return Error::sys("fork guardian");
+  if (g == 0) {
+    close(p[1]);
+    // Ctrl-C / kill of the helper's process group must not take the guardian with it.
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    setsid();
+    _exit(run_guardian(pid_, p[0]));
+  }
+  close(p[0]);
+  g_guardian_fd = p[1];
+  g_guardian_pid = g;
+  guardian_note("syscall " + hexs(syscall_insn_));
+  guardian_note("scratch " + hexs(scratch_));
+  for (const auto& [page, pg] : pages_) guardian_note("page " + hexs(page) + " " + std::to_string(pg.orig_prot));
+  return {};
+}
+
+void Tracer::dismiss_guardian() {
+  if (g_guardian_fd < 0) return;
+  guardian_note("clear");
+  close(g_guardian_fd);
+  g_guardian_fd = -1;
+  int st;
+  while (waitpid(g_guardian_pid, &st, 0) < 0 && errno == EINTR) {
+  }
+}
+
+int Tracer::run_guardian(pid_t pid, int fd) {
+  std::map<uint64_t, int> pages;
+  std::map<uint64_t, uint8_t> bps;
+  uint64_t syscall_insn = 0, scratch = 0;
+  std::string buf, line;
+  char tmp[4096];
+  bool clear = false;
+  for (;;) {
+    ssize_t n = read(fd, tmp, sizeof tmp);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(tmp, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      char kind[16] = {};
+      unsigned long long a = 0, b = 0;
+      std::sscanf(line.c_str(), "%15s %llx %llu", kind, &a, &b);
+      std::string k = kind;
+      if (k == "clear") clear = true;
+      else if (k == "syscall") syscall_insn = a;
+      else if (k == "scratch") scratch = a;
+      else if (k == "page") pages[a] = static_cast<int>(b);
+      else if (k == "unpage") pages.erase(a);
+      else if (k == "bp") bps[a] = static_cast<uint8_t>(b);
+      else if (k == "unbp") bps.erase(a);
+    }
+  }
+  if (clear || (pages.empty() && bps.empty())) return 0;
+  // The helper died without restoring: the kernel detached the tracee. Re-attach and undo.
+  Options o;
+  o.pid = pid;
+  Tracer t(o);
+  if (!t.attach()) return 1;
+  std::string mp = "/proc/" + std::to_string(pid) + "/mem";
+  t.mem_ = Fd(open(mp.c_str(), O_RDWR | O_CLOEXEC));
+  t.syscall_insn_ = syscall_insn;
+  for (auto [a, b] : bps) t.mem_write(a, &b, 1);
+  for (auto [a, prot] : pages) t.pages_[a] = Page{prot, PROT_NONE};
+  pid_t tid = t.any_stopped();
+  if (tid) {
+    (void)t.protect_all(tid, false);
+    if (scratch) (void)t.inject(tid, SYS_munmap, scratch, kSlotSize * kSlots, 0);
+  }
+  // Threads caught in the SIGSEGV of a protected page re-execute the access.
+  for (auto& [id, th] : t.threads_) {
+    for (int st : th.queued) {
+      Stop s(st);
+      if (s.kind() == Stop::kSignal && s.sig() != SIGSEGV) th.resume_sig = s.sig();
+    }
+    th.queued.clear();
+    pt(PTRACE_DETACH, id, 0, static_cast<uint64_t>(th.resume_sig));
+  }
+  return 0;
+}
+
 uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -122,6 +229,9 @@ Result<void> Tracer::start() {
     disarm_and_detach("error");
     return a;
   }
+  if (!hw_ && !getenv("MEMTRACE_SS_NO_GUARDIAN"))
+    if (auto g = start_guardian(); !g)
+      std::fprintf(stderr, "memtrace-singlestep: no guardian: %s\n", g.error().message.c_str());
   if (opt_.ready_fd >= 0) {
     char c = 1;
     (void)!write(opt_.ready_fd, &c, 1);
@@ -473,6 +583,7 @@ void Tracer::run() {
     handle(w, st);
   }
   if (report_.stop_reason.empty()) report_.stop_reason = "exit";
+  dismiss_guardian();
   if (hw_ && hw_watch_) hw_watch_->drain(report_, *symbols_, opt_.max);
 }
 
@@ -894,6 +1005,7 @@ void Tracer::disarm_and_detach(const std::string& reason) {
   armed_ = false;
   for (auto& [t_id, t] : threads_) pt(PTRACE_DETACH, t_id, 0, static_cast<uint64_t>(t.group_stop ? 0 : t.resume_sig));
   threads_.clear();
+  dismiss_guardian();
 }
 
 int Tracer::wait_child_exit() {

@@ -53,6 +53,14 @@ class Tracer {
   bool launched() const { return launched_; }
   // Launch mode: wait for the (detached or exited) child and return its exit code.
   int wait_child_exit();
+  // After a clean detach: tell the guardian it has nothing to do.
+  void dismiss_guardian();
+
+  // The guardian is a small process forked by the helper once armed. It reads
+  // the helper's state (protected pages and their original protections, the
+  // allocator breakpoints) from a pipe; if the pipe closes without a "clear"
+  // line (the helper was SIGKILLed), it seizes the tracee and restores them.
+  static int run_guardian(pid_t pid, int fd);
 
  private:
   struct Thread {
@@ -78,6 +86,7 @@ class Tracer {
   };
 
   Result<void> attach();
+  Result<void> start_guardian();
   Result<void> launch();
   Result<void> arm();
   Result<void> resolve_regions();
@@ -143,5 +152,6 @@ class Tracer {
 };
 
 uint64_t now_ns();
+void guardian_note(const std::string& line);  // one line of state for the guardian
 
 }  // namespace memtrace::singlestep

@@ -307,6 +307,36 @@ TEST_F(Singlestep, SigintRestoresAndDetachesLaunched) { interrupt_helper(SIGINT,
 TEST_F(Singlestep, SigtermRestoresAndDetachesAttached) { interrupt_helper(SIGTERM, true); }
 TEST_F(Singlestep, SighupRestoresAndDetachesAttached) { interrupt_helper(SIGHUP, true); }
 
+// SIGKILL cannot be caught: the guardian process notices the helper's death and
+// restores the protections. Here the helper is killed while the tracee is not
+// stopped on a fault (blocked in read(2)); without the guardian the tracee's
+// first access to the still-protected region would kill it with SIGSEGV.
+// (A thread that is *in* a fault stop when the helper dies gets that SIGSEGV
+// delivered by the kernel; nothing can prevent that - see the README.)
+TEST_F(Singlestep, SigkillOfHelperGuardianRestores) {
+  for (bool threads : {false, true}) {
+    std::string to = tmp("k.out"), te = tmp("k.err"), ho = tmp("kh.out"), he = tmp("kh.err");
+    int in[2];
+    ASSERT_EQ(pipe(in), 0);
+    std::vector<std::string> targv{SS_TARGET, "--wait-stdin", "--spin", "1000"};
+    if (threads) targv.insert(targv.end(), {"--threads", "4", "--rounds", "100"});
+    pid_t target = spawn(targv, to, te, in[0]);
+    close(in[0]);
+    for (int i = 0; i < 200 && slurp(to).find("ready") == std::string::npos; i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    pid_t helper = spawn({SS_HELPER, "-p", std::to_string(target), "--mode", "step", "--symbol", "ss_region"}, ho, he);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    kill(helper, SIGKILL);
+    wait_status(helper);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the guardian restores
+    ASSERT_EQ(write(in[1], "go\n", 3), 3);
+    close(in[1]);
+    EXPECT_EQ(wait_status(target), 7) << "threads=" << threads << " " << slurp(te);
+    EXPECT_NE(slurp(to).find("done"), std::string::npos);
+    // Tracing without the guardian shows what it prevents.
+  }
+}
+
 TEST_F(Singlestep, DurationStopsTracking) {
   std::string js = tmp("dur.json");
   auto t0 = std::chrono::steady_clock::now();
