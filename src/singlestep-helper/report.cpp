@@ -135,7 +135,8 @@ void Report::write_text(std::ostream& out) const {
   out << "# " << records.size() << " accesses recorded, " << dropped << " dropped, stopped: " << stop_reason;
   if (exit_code >= 0) out << " (exit code " << exit_code << ")";
   out << "\n# emulated " << emulated << ", single-stepped " << stepped << ", same-page accesses outside regions "
-      << unrecorded_same_page << ", syscalls redirected " << syscalls_redirected << "\n";
+      << unrecorded_same_page << ", syscalls redirected " << syscalls_redirected
+      << ", other syscalls run with the pages opened " << unprotected_syscalls << "\n";
   std::map<IpKey, uint64_t> by_ip;
   std::map<uint64_t, std::pair<std::string, std::string>> names;
   for (const auto& r : records) {

@@ -891,6 +891,41 @@ void Tracer::handle_syscall(pid_t tid) {
   Thread& t = threads_[tid];
   SyscallInfo si{};
   if (pt(PTRACE_GET_SYSCALL_INFO_NR, tid, sizeof si, reinterpret_cast<uint64_t>(&si)) <= 0) return;
+  using Open = Thread::Open;
+  if (t.open != Open::kNone) {
+    user_regs_struct r;
+    get_regs(tid, r);
+    if (si.op == 2 && t.open == Open::kOpening) {  // our mprotect(open) returned: run the real call
+      for (uint64_t p = t.open_lo; p < t.open_lo + t.open_len; p += kPage)
+        if (pages_.count(p)) pages_[p].cur_prot = pages_[p].orig_prot;
+      user_regs_struct e = t.entry_regs;
+      e.rip -= 2;
+      e.rax = e.orig_rax;
+      set_regs(tid, e);
+      t.open = Open::kRunning;
+      report_.unprotected_syscalls++;
+    } else if (si.op == 2 && t.open == Open::kRunning) {  // the real call returned: close again
+      t.result_regs = r;
+      user_regs_struct c = r;
+      c.rip -= 2;
+      c.rax = SYS_mprotect;
+      c.rdi = t.open_lo, c.rsi = t.open_len, c.rdx = PROT_NONE;
+      set_regs(tid, c);
+      t.open = Open::kClosing;
+    } else if (si.op == 2 && t.open == Open::kClosing) {
+      for (uint64_t p = t.open_lo; p < t.open_lo + t.open_len; p += kPage)
+        if (pages_.count(p)) pages_[p].cur_prot = PROT_NONE;
+      user_regs_struct res = t.result_regs;
+      long rv = static_cast<long>(res.rax);
+      if (rv <= -512 && rv >= -516) {  // interrupted: restart it after the signal (as SA_RESTART would)
+        res.rip -= 2;
+        res.rax = res.orig_rax;
+      }
+      set_regs(tid, res);
+      t.open = Open::kNone;
+    }
+    return;
+  }
   if (si.op == 1 /* PTRACE_SYSCALL_INFO_ENTRY */) {
     uint64_t nr = si.entry.nr;
     const uint64_t* a = si.entry.args;
@@ -925,6 +960,26 @@ void Tracer::handle_syscall(pid_t tid) {
       t.redirect_buf = buf;
       t.redirect_len = len;
       report_.syscalls_redirected++;
+      return;
+    }
+    if (nr == SYS_mprotect || nr == SYS_munmap || nr == SYS_mmap || nr == SYS_mremap || nr == SYS_madvise) return;
+    // Another system call with an argument pointing into a protected page.
+    for (int i = 0; i < 6; i++) {
+      uint64_t p = page_of(a[i]);
+      if (!page_armed(p)) continue;
+      // The run of contiguous tracked pages around it.
+      uint64_t lo = p, hi = p + kPage;
+      while (pages_.count(lo - kPage)) lo -= kPage;
+      while (pages_.count(hi)) hi += kPage;
+      int prot = pages_[p].orig_prot;
+      get_regs(tid, t.entry_regs);
+      user_regs_struct m = t.entry_regs;
+      m.orig_rax = SYS_mprotect;  // the kernel runs mprotect(open) instead; the real call follows
+      m.rdi = lo, m.rsi = hi - lo, m.rdx = static_cast<uint64_t>(prot);
+      set_regs(tid, m);
+      t.open_lo = lo;
+      t.open_len = hi - lo;
+      t.open = Open::kOpening;
       return;
     }
     return;

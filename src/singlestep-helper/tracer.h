@@ -72,7 +72,12 @@ class Tracer {
     int redirect_slot = -1;
     bool redirect_in = false;  // kernel writes the buffer (read) vs reads it (write)
     uint64_t redirect_buf = 0, redirect_len = 0;
-    bool unprotected_syscall = false;
+    // Any other system call with a pointer into a protected page: the call is
+    // bracketed by two mprotect calls run from this same thread's syscall stops.
+    enum class Open : uint8_t { kNone, kOpening, kRunning, kClosing } open = Open::kNone;
+    user_regs_struct entry_regs{};  // at the entry of the program's system call
+    user_regs_struct result_regs{}; // at its exit
+    uint64_t open_lo = 0, open_len = 0;
   };
   struct Page {
     int orig_prot = 0;
