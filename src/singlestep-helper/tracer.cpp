@@ -591,6 +591,7 @@ void Tracer::handle(pid_t tid, int status) {
   Stop s(status);
   if (!thread(tid)) add_thread(tid, true);
   Thread& t = threads_[tid];
+  if (!(s.kind() == Stop::kSignal && s.sig() == SIGSEGV)) t.stale_ip = t.stale_addr = 0;
   if (s.gone()) {
     if (tid == pid_) {
       report_.exit_code = s.exit_code();
@@ -635,6 +636,25 @@ void Tracer::handle(pid_t tid, int status) {
           if (page_armed(page_of(a))) {
             handle_fault(tid, a);
             return;
+          }
+          // A tracked page that is open right now (a system call window, or the fault
+          // was queued while another thread stepped): the access will succeed, retry it.
+          if (auto it = pages_.find(page_of(a)); it != pages_.end()) {
+            user_regs_struct rr;
+            get_regs(tid, rr);
+            if (t.stale_ip != rr.rip || t.stale_addr != a) {
+              t.stale_ip = rr.rip;
+              t.stale_addr = a;
+              return;
+            }
+          }
+          if (getenv("MEMTRACE_SS_DEBUG")) {
+            user_regs_struct rr;
+            get_regs(tid, rr);
+            auto it = pages_.find(page_of(a));
+            std::fprintf(stderr, "genuine SIGSEGV tid %d addr %llx ip %llx code %d page known %d cur %d orig %d\n", tid,
+                         (unsigned long long)a, (unsigned long long)rr.rip, si.si_code, it != pages_.end(),
+                         it != pages_.end() ? it->second.cur_prot : -1, it != pages_.end() ? it->second.orig_prot : -1);
           }
         }
       }
@@ -963,8 +983,22 @@ void Tracer::handle_syscall(pid_t tid) {
       return;
     }
     if (nr == SYS_mprotect || nr == SYS_munmap || nr == SYS_mmap || nr == SYS_mremap || nr == SYS_madvise) return;
-    // Another system call with an argument pointing into a protected page.
-    for (int i = 0; i < 6; i++) {
+    // Another system call with an argument pointing into a protected page. Only
+    // the arguments the call has: the other registers hold leftovers.
+    int nargs = 6;
+    switch (nr) {
+      case SYS_exit: case SYS_exit_group: case SYS_close: case SYS_brk: nargs = 1; break;
+      case SYS_sigaltstack: case SYS_set_robust_list: case SYS_clone3: case SYS_arch_prctl: case SYS_kill:
+      case SYS_nanosleep: case SYS_fstat: case SYS_munmap: case SYS_set_tid_address: nargs = 2; break;
+      case SYS_tgkill: case SYS_getrandom: case SYS_ioctl: case SYS_fcntl: case SYS_lseek: case SYS_poll:
+      case SYS_readv: case SYS_writev: nargs = 3; break;
+      case SYS_rt_sigprocmask: case SYS_rt_sigaction: case SYS_rseq: case SYS_clock_nanosleep:
+      case SYS_openat: case SYS_newfstatat: case SYS_wait4: nargs = 4; break;
+      case SYS_clone: case SYS_prctl: nargs = 5; break;
+      case SYS_sched_yield: case SYS_getpid: case SYS_gettid: nargs = 0; break;
+      default: break;
+    }
+    for (int i = 0; i < nargs; i++) {
       uint64_t p = page_of(a[i]);
       if (!page_armed(p)) continue;
       // The run of contiguous tracked pages around it.
@@ -980,6 +1014,9 @@ void Tracer::handle_syscall(pid_t tid) {
       t.open_lo = lo;
       t.open_len = hi - lo;
       t.open = Open::kOpening;
+      if (getenv("MEMTRACE_SS_DEBUG"))
+        std::fprintf(stderr, "open pages for syscall %llu arg%d %llx tid %d\n", (unsigned long long)nr, i,
+                     (unsigned long long)a[i], tid);
       return;
     }
     return;

@@ -78,6 +78,7 @@ class Tracer {
     user_regs_struct entry_regs{};  // at the entry of the program's system call
     user_regs_struct result_regs{}; // at its exit
     uint64_t open_lo = 0, open_len = 0;
+    uint64_t stale_ip = 0, stale_addr = 0;  // last fault retried on an open page
   };
   struct Page {
     int orig_prot = 0;
