@@ -51,7 +51,8 @@ Result<void> HwWatch::add_thread(pid_t tid) {
       a.exclude_hv = 1;
       a.use_clockid = 1;
       a.clockid = CLOCK_MONOTONIC;
-      a.wakeup_events = 1;
+      a.watermark = 1;  // no wakeup per sample: the helper drains on its 50 ms tick
+      a.wakeup_watermark = kDataPages * 4096 / 2;
       int fd = static_cast<int>(syscall(SYS_perf_event_open, &a, tid, -1, -1, PERF_FLAG_FD_CLOEXEC));
       if (fd < 0)
         return Error::sys("perf_event_open hardware breakpoint on thread " + std::to_string(tid));
@@ -80,8 +81,9 @@ void HwWatch::remove_thread(pid_t tid) {
   (void)tid;
 }
 
-void HwWatch::drain(Report& report, ProcessSymbols& syms, uint64_t max) {
-  std::vector<Sample> got;
+void HwWatch::drain(Report& report, ProcessSymbols& syms, uint64_t max, bool final) {
+  std::vector<Sample> got = std::move(pending_);
+  pending_.clear();
   for (auto& [tid, evs] : threads_) {
     for (auto& e : evs) {
       if (!e.owner) continue;
@@ -117,21 +119,31 @@ void HwWatch::drain(Report& report, ProcessSymbols& syms, uint64_t max) {
   // W and RW samples of one access come from the same debug exception: same tid and ip,
   // adjacent in time. Pair them.
   std::vector<bool> used(got.size(), false);
+  std::map<uint32_t, size_t> last_of_tid;  // the partner of a thread's last sample may still be coming
+  for (size_t i = 0; i < got.size(); i++) last_of_tid[got[i].tid] = i;
   for (size_t i = 0; i < got.size(); i++) {
     if (used[i]) continue;
     auto [reg, is_w] = ids_[got[i].id];
     Access acc = paired_ ? (is_w ? Access::kWrite : Access::kRead) : Access::kReadWrite;
     if (paired_) {
+      bool found = false;
       for (size_t j = i + 1; j < got.size() && j < i + 8; j++) {
         if (used[j] || got[j].tid != got[i].tid || got[j].ip != got[i].ip) continue;
         auto [reg2, is_w2] = ids_[got[j].id];
         if (reg2 == reg && is_w2 != is_w) {
           used[j] = true;
+          found = true;
           acc = Access::kWrite;
           break;
         }
       }
-      // A write-only sample without its RW partner cannot happen; keep it as a write.
+      // The partner of a sample at the end of this batch may not be in the ring yet:
+      // keep the tail for the next drain.
+      if (!found && !final && last_of_tid[got[i].tid] == i) {
+        used[i] = true;
+        pending_.push_back(got[i]);
+        continue;
+      }
     }
     used[i] = true;
     if (max && report.records.size() >= max) {

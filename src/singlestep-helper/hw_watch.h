@@ -30,7 +30,7 @@ class HwWatch {
   Result<void> add_thread(pid_t tid);
   void remove_thread(pid_t tid);
   // Move samples from the ring buffers into the report.
-  void drain(Report& report, ProcessSymbols& syms, uint64_t max);
+  void drain(Report& report, ProcessSymbols& syms, uint64_t max, bool final = false);
 
  private:
   struct Event {

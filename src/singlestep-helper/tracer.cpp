@@ -584,7 +584,7 @@ void Tracer::run() {
   }
   if (report_.stop_reason.empty()) report_.stop_reason = "exit";
   dismiss_guardian();
-  if (hw_ && hw_watch_) hw_watch_->drain(report_, *symbols_, opt_.max);
+  if (hw_ && hw_watch_) hw_watch_->drain(report_, *symbols_, opt_.max, true);
 }
 
 void Tracer::handle(pid_t tid, int status) {
@@ -1091,7 +1091,7 @@ void Tracer::disarm_and_detach(const std::string& reason) {
   if (tid && scratch_ && reason != "exec") (void)inject(tid, SYS_munmap, scratch_, kSlotSize * kSlots, 0);
   scratch_ = 0;
   if (hw_watch_) {
-    hw_watch_->drain(report_, *symbols_, opt_.max);
+    hw_watch_->drain(report_, *symbols_, opt_.max, true);
     hw_watch_.reset();
   }
   armed_ = false;
