@@ -146,4 +146,86 @@ enum mt_counter {
 	MT_C_COUNT,
 };
 
+/* ------------------------------------------------------------------------
+ * CFI unwinding (issue 5): tables built from .eh_frame/.debug_frame by
+ * src/unwind, used by bpf/unwind.bpf.h. Additive block: nothing above
+ * depends on it.
+ * ---------------------------------------------------------------------- */
+
+/* How to find the CFA (the caller's rsp) at a pc. The return address is
+ * always at CFA-8 on x86-64 (rows where it is not are UNSUPPORTED). */
+enum mt_cfa_type {
+	MT_CFA_NONE = 0,        /* no CFI covers this pc: frame-pointer fallback */
+	MT_CFA_RSP = 1,         /* CFA = rsp + cfa_off */
+	MT_CFA_RBP = 2,         /* CFA = rbp + cfa_off */
+	MT_CFA_RBP_DEREF = 3,   /* CFA = *(rbp + cfa_off): gcc's stack-realigning functions (main with AVX) */
+	MT_CFA_PLT = 4,         /* .plt expression: CFA = rsp + 8 + ((pc & 15) >= cfa_off ? 8 : 0) */
+	MT_CFA_END = 5,         /* return address undefined: outermost frame (_start, clone3) */
+	MT_CFA_UNSUPPORTED = 6, /* any other expression or register: unwinding stops (truncated) */
+};
+
+/* How to recover the caller's rbp. */
+enum mt_rbp_rule {
+	MT_RBP_SAME = 0,    /* unchanged */
+	MT_RBP_AT_CFA = 1,  /* rbp = *(CFA + rbp_off) */
+	MT_RBP_AT_RBP = 2,  /* rbp = *(rbp + rbp_off) (DW_CFA_expression breg6) */
+	MT_RBP_UNKNOWN = 3, /* lost: frame-pointer fallback impossible above this frame */
+};
+
+/* One row of a file's table: applies from pc to the next row's pc. Rows of
+ * one file are contiguous in the rows array and sorted by pc; pc is
+ * relative to the table base (row pc = ELF vaddr - base), so 32 bits.
+ * 8 bytes (an array map strides values by 8): offsets are stored divided
+ * by 8 (x86-64 frames move rsp by pushes and 8-aligned subs); a value that
+ * does not fit makes the row MT_CFA_UNSUPPORTED / MT_RBP_UNKNOWN. */
+struct mt_unwind_row {
+	__u32 pc;
+	__s16 cfa_off; /* CFA offset / 8; MT_CFA_PLT: the threshold itself */
+	__u8 kind;     /* enum mt_cfa_type | enum mt_rbp_rule << 4 */
+	__s8 rbp_off;  /* rbp save slot offset / 8 */
+};
+#define MT_ROW_CFA(r) ((r)->kind & 15)
+#define MT_ROW_RBP(r) ((r)->kind >> 4)
+
+/* Rows array size (entries; the loader may change it with
+ * bpf_map__set_max_entries before load). 8 bytes each: 1M rows = 8 MiB,
+ * enough for python3 + its libraries several times over. */
+#define MT_UNWIND_MAX_ROWS (1u << 20)
+/* Executable mappings per process (binary search mask: power of 2). */
+#define MT_UNWIND_MAX_MAPPINGS 256
+/* Processes with tables (hash, not preallocated). */
+#define MT_UNWIND_MAX_PROCS 4096
+
+/* One executable mapping of a process: row pc = addr - bias. nr_rows == 0:
+ * the file has no CFI (frame-pointer fallback inside it). */
+struct mt_unwind_mapping {
+	__u64 start;
+	__u64 end;
+	__u64 bias;
+	__u32 first_row;
+	__u32 nr_rows;
+};
+
+/* unwind_procs map value, keyed by tgid; m[] sorted by start. */
+struct mt_unwind_proc {
+	__u32 nr;
+	__u32 pad;
+	struct mt_unwind_mapping m[MT_UNWIND_MAX_MAPPINGS];
+};
+
+/* unwind_counters (per-CPU array): frames by method, and why stacks ended. */
+enum mt_unwind_counter {
+	MT_UC_STACKS = 0,        /* stacks unwound */
+	MT_UC_FRAMES_CFI,        /* frames recovered from a table row */
+	MT_UC_FRAMES_FP,         /* frames recovered by the frame-pointer fallback */
+	MT_UC_END_OUTERMOST,     /* reached a frame with undefined return address (complete) */
+	MT_UC_END_ZERO,          /* return address 0 or frame-pointer chain ended (rbp 0) */
+	MT_UC_TRUNC_DEPTH,       /* MT_MAX_FRAMES reached */
+	MT_UC_TRUNC_NO_TABLE,    /* pc without row and no usable frame pointer */
+	MT_UC_TRUNC_UNSUPPORTED, /* row is MT_CFA_UNSUPPORTED (or rbp lost when needed) */
+	MT_UC_TRUNC_READ,        /* bpf_probe_read_user of return address / rbp failed */
+	MT_UC_TRUNC_BAD_FRAME,   /* CFA not above rsp (corrupt or looping stack) */
+	MT_UC_COUNT,
+};
+
 #endif /* MEMTRACE_H */

@@ -1,0 +1,657 @@
+#include "unwind/cfi_table.h"
+
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/fd.h"
+
+namespace memtrace::unwind {
+namespace {
+
+// DWARF register numbers (x86-64 psABI).
+constexpr uint64_t kRegRbp = 6;
+constexpr uint64_t kRegRsp = 7;
+
+// Pointer encodings (.eh_frame, LSB "DWARF Extensions").
+constexpr uint8_t kPeAbsptr = 0x00, kPeUleb = 0x01, kPeUdata2 = 0x02, kPeUdata4 = 0x03,
+                  kPeUdata8 = 0x04, kPeSleb = 0x09, kPeSdata2 = 0x0a, kPeSdata4 = 0x0b,
+                  kPeSdata8 = 0x0c, kPeOmit = 0xff;
+constexpr uint8_t kPePcrel = 0x10, kPeTextrel = 0x20, kPeDatarel = 0x30, kPeFuncrel = 0x40,
+                  kPeAligned = 0x50, kPeIndirect = 0x80;
+
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  bool ok = true;
+
+  bool need(size_t n) {
+    if (!ok || static_cast<size_t>(end - p) < n) ok = false;
+    return ok;
+  }
+  template <typename T>
+  T fixed() {
+    T v{};
+    if (!need(sizeof(T))) return v;
+    std::memcpy(&v, p, sizeof(T));
+    p += sizeof(T);
+    return v;
+  }
+  uint8_t u8() { return fixed<uint8_t>(); }
+  uint64_t uleb() {
+    uint64_t v = 0;
+    unsigned shift = 0;
+    while (need(1)) {
+      uint8_t b = *p++;
+      if (shift < 64) v |= uint64_t(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    return v;
+  }
+  int64_t sleb() {
+    int64_t v = 0;
+    unsigned shift = 0;
+    uint8_t b = 0;
+    while (need(1)) {
+      b = *p++;
+      if (shift < 64) v |= int64_t(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    if (shift < 64 && (b & 0x40)) v |= -(int64_t(1) << shift);
+    return v;
+  }
+  void skip(uint64_t n) {
+    if (need(n)) p += n;
+  }
+};
+
+struct Section {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  uint64_t addr = 0;
+  bool eh = true;  // .eh_frame (else .debug_frame)
+};
+
+// value of an encoded pointer at r.p (only the encodings compilers emit for
+// FDE initial locations; "indirect" and "aligned" are refused).
+bool read_encoded(Reader& r, uint8_t enc, const Section& s, uint64_t text_addr, uint64_t* out) {
+  if (enc == kPeOmit) return false;
+  uint64_t pos_addr = s.addr + static_cast<uint64_t>(r.p - s.data);
+  uint64_t v = 0;
+  switch (enc & 0x0f) {
+    case kPeAbsptr: v = r.fixed<uint64_t>(); break;
+    case kPeUleb: v = r.uleb(); break;
+    case kPeUdata2: v = r.fixed<uint16_t>(); break;
+    case kPeUdata4: v = r.fixed<uint32_t>(); break;
+    case kPeUdata8: v = r.fixed<uint64_t>(); break;
+    case kPeSleb: v = static_cast<uint64_t>(r.sleb()); break;
+    case kPeSdata2: v = static_cast<uint64_t>(int64_t(r.fixed<int16_t>())); break;
+    case kPeSdata4: v = static_cast<uint64_t>(int64_t(r.fixed<int32_t>())); break;
+    case kPeSdata8: v = r.fixed<uint64_t>(); break;
+    default: r.ok = false; return false;
+  }
+  switch (enc & 0x70) {
+    case 0: break;
+    case kPePcrel: v += pos_addr; break;
+    case kPeTextrel: v += text_addr; break;
+    case kPeDatarel:
+    case kPeFuncrel:
+    case kPeAligned:
+    default: return false;
+  }
+  if (enc & kPeIndirect) return false;
+  *out = v;
+  return r.ok;
+}
+
+// Size of the value part of an encoding (FDE address range uses only it).
+bool read_encoded_value(Reader& r, uint8_t enc, uint64_t* out) {
+  switch (enc & 0x0f) {
+    case kPeAbsptr: *out = r.fixed<uint64_t>(); break;
+    case kPeUleb: *out = r.uleb(); break;
+    case kPeUdata2: *out = r.fixed<uint16_t>(); break;
+    case kPeUdata4: *out = r.fixed<uint32_t>(); break;
+    case kPeUdata8: *out = r.fixed<uint64_t>(); break;
+    case kPeSleb: *out = static_cast<uint64_t>(r.sleb()); break;
+    case kPeSdata2: *out = static_cast<uint64_t>(int64_t(r.fixed<int16_t>())); break;
+    case kPeSdata4: *out = static_cast<uint64_t>(int64_t(r.fixed<int32_t>())); break;
+    case kPeSdata8: *out = r.fixed<uint64_t>(); break;
+    default: r.ok = false; return false;
+  }
+  return r.ok;
+}
+
+struct Rule {
+  enum Kind : uint8_t { kUnset, kUndef, kSame, kOffset, kValOffset, kReg, kExpr, kValExpr } kind = kUnset;
+  int64_t off = 0;
+  const uint8_t* expr = nullptr;
+  size_t len = 0;
+};
+
+struct State {
+  bool cfa_expr = false;
+  uint64_t cfa_reg = kRegRsp;
+  int64_t cfa_off = 0;
+  const uint8_t* expr = nullptr;
+  size_t expr_len = 0;
+  Rule rbp, ra;
+};
+
+struct Cie {
+  uint64_t code_align = 1;
+  int64_t data_align = -8;
+  uint64_t ra_reg = 16;
+  uint8_t fde_enc = kPeAbsptr;
+  bool has_z = false;
+  const uint8_t* insns = nullptr;
+  const uint8_t* insns_end = nullptr;
+};
+
+struct FdeRows {
+  uint64_t begin = 0, end = 0;
+  bool debug_frame = false;
+  std::vector<std::pair<uint64_t, mt_unwind_row>> rows;  // (vaddr, row without pc)
+};
+
+// The .plt expression every x86-64 linker emits:
+//   DW_OP_breg7 8; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_lit<N>; DW_OP_ge;
+//   DW_OP_lit3; DW_OP_shl; DW_OP_plus
+// (CFA = rsp + 8, + 8 more once the entry's push has run). Returns N or -1.
+int plt_threshold(const uint8_t* e, size_t n) {
+  static const uint8_t head[] = {0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a};
+  static const uint8_t tail[] = {0x2a, 0x33, 0x24, 0x22};
+  if (n != sizeof(head) + 1 + sizeof(tail)) return -1;
+  if (std::memcmp(e, head, sizeof(head)) != 0) return -1;
+  if (e[6] < 0x30 || e[6] > 0x4f) return -1;
+  if (std::memcmp(e + 7, tail, sizeof(tail)) != 0) return -1;
+  return e[6] - 0x30;
+}
+
+// DW_OP_breg6 k [; DW_OP_deref]: returns true and k when the expression is
+// exactly that (deref selects which form).
+bool breg6(const uint8_t* e, size_t n, bool deref, int64_t* k) {
+  if (n < 2 || e[0] != 0x76) return false;
+  Reader r{e + 1, e + n};
+  *k = r.sleb();
+  if (!r.ok) return false;
+  if (deref) return r.p + 1 == r.end && *r.p == 0x06;
+  return r.p == r.end;
+}
+
+RowInfo to_info(const State& s) {
+  RowInfo row;
+  row.cfa = MT_CFA_UNSUPPORTED;
+  row.rbp = MT_RBP_SAME;
+  if (s.ra.kind == Rule::kUndef) {
+    row.cfa = MT_CFA_END;
+    return row;
+  }
+  if (s.ra.kind != Rule::kOffset || s.ra.off != -8) return row;  // unsupported
+  int64_t k = 0;
+  if (!s.cfa_expr) {
+    if (s.cfa_reg == kRegRsp) row.cfa = MT_CFA_RSP;
+    else if (s.cfa_reg == kRegRbp) row.cfa = MT_CFA_RBP;
+    else return row;
+    row.cfa_off = s.cfa_off;
+  } else if (int t = plt_threshold(s.expr, s.expr_len); t >= 0) {
+    row.cfa = MT_CFA_PLT;
+    row.cfa_off = t;
+  } else if (breg6(s.expr, s.expr_len, true, &k)) {
+    row.cfa = MT_CFA_RBP_DEREF;
+    row.cfa_off = k;
+  } else {
+    return row;
+  }
+  switch (s.rbp.kind) {
+    case Rule::kUnset:
+    case Rule::kSame:
+      row.rbp = MT_RBP_SAME;
+      break;
+    case Rule::kOffset:
+      row.rbp = MT_RBP_AT_CFA;
+      row.rbp_off = s.rbp.off;
+      break;
+    case Rule::kExpr:
+      if (breg6(s.rbp.expr, s.rbp.len, false, &k)) {
+        row.rbp = MT_RBP_AT_RBP;
+        row.rbp_off = k;
+      } else {
+        row.rbp = MT_RBP_UNKNOWN;
+      }
+      break;
+    default:
+      // DW_CFA_undefined rbp (outermost frames) and register/val rules.
+      row.rbp = MT_RBP_UNKNOWN;
+      break;
+  }
+  return row;
+}
+
+mt_unwind_row to_row(const State& s) { return encode_row(to_info(s)); }
+
+bool same_row(const mt_unwind_row& a, const mt_unwind_row& b) {
+  return a.kind == b.kind && a.cfa_off == b.cfa_off && a.rbp_off == b.rbp_off;
+}
+
+// Runs CFA instructions [p, end) from state `st`. `init` is the CIE's state
+// (DW_CFA_restore). With rows == nullptr (CIE initial instructions) advances
+// are refused. Returns false on malformed input.
+bool run_cfa(const uint8_t* p, const uint8_t* end, const Cie& cie, const Section& sec,
+             uint64_t text_addr, State& st, const State& init, uint64_t* loc, uint64_t fde_end,
+             std::vector<std::pair<uint64_t, mt_unwind_row>>* rows) {
+  Reader r{p, end};
+  std::vector<State> stack;
+  auto set_rule = [&](uint64_t reg, Rule rule) {
+    if (reg == kRegRbp) st.rbp = rule;
+    if (reg == cie.ra_reg) st.ra = rule;
+  };
+  auto restore = [&](uint64_t reg) {
+    if (reg == kRegRbp) st.rbp = init.rbp;
+    if (reg == cie.ra_reg) st.ra = init.ra;
+  };
+  auto advance = [&](uint64_t delta) {
+    if (!rows) return false;
+    rows->emplace_back(*loc, to_row(st));
+    *loc += delta * cie.code_align;
+    return true;
+  };
+  while (r.ok && r.p < r.end) {
+    uint8_t op = r.u8();
+    uint8_t hi = op & 0xc0, lo = op & 0x3f;
+    if (hi == 0x40) {
+      if (!advance(lo)) return false;
+      continue;
+    }
+    if (hi == 0x80) {
+      set_rule(lo, Rule{Rule::kOffset, static_cast<int64_t>(r.uleb()) * cie.data_align});
+      continue;
+    }
+    if (hi == 0xc0) {
+      restore(lo);
+      continue;
+    }
+    switch (op) {
+      case 0x00: break;  // nop
+      case 0x01: {       // set_loc
+        uint64_t to = 0;
+        if (!read_encoded(r, cie.fde_enc, sec, text_addr, &to) || to < *loc || !rows) return false;
+        rows->emplace_back(*loc, to_row(st));
+        *loc = to;
+        break;
+      }
+      case 0x02: if (!advance(r.u8())) return false; break;
+      case 0x03: if (!advance(r.fixed<uint16_t>())) return false; break;
+      case 0x04: if (!advance(r.fixed<uint32_t>())) return false; break;
+      case 0x05: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kOffset, int64_t(r.uleb()) * cie.data_align}); break; }
+      case 0x06: restore(r.uleb()); break;
+      case 0x07: set_rule(r.uleb(), Rule{Rule::kUndef}); break;
+      case 0x08: set_rule(r.uleb(), Rule{Rule::kSame}); break;
+      case 0x09: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kReg, int64_t(r.uleb())}); break; }
+      case 0x0a: stack.push_back(st); break;
+      case 0x0b:
+        if (stack.empty()) return false;
+        {
+          // DWARF: restore_state restores register rules; the CFA rule comes
+          // back too (GCC relies on it).
+          st = stack.back();
+          stack.pop_back();
+        }
+        break;
+      case 0x0c: st.cfa_expr = false; st.cfa_reg = r.uleb(); st.cfa_off = int64_t(r.uleb()); break;
+      case 0x0d: st.cfa_expr = false; st.cfa_reg = r.uleb(); break;
+      case 0x0e: st.cfa_off = int64_t(r.uleb()); break;
+      case 0x0f: {
+        uint64_t n = r.uleb();
+        st.cfa_expr = true;
+        st.expr = r.p;
+        st.expr_len = n;
+        r.skip(n);
+        break;
+      }
+      case 0x10:
+      case 0x16: {
+        uint64_t reg = r.uleb();
+        uint64_t n = r.uleb();
+        Rule rule{op == 0x10 ? Rule::kExpr : Rule::kValExpr, 0, r.p, static_cast<size_t>(n)};
+        r.skip(n);
+        set_rule(reg, rule);
+        break;
+      }
+      case 0x11: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kOffset, r.sleb() * cie.data_align}); break; }
+      case 0x12: st.cfa_expr = false; st.cfa_reg = r.uleb(); st.cfa_off = r.sleb() * cie.data_align; break;
+      case 0x13: st.cfa_off = r.sleb() * cie.data_align; break;
+      case 0x14: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kValOffset, int64_t(r.uleb()) * cie.data_align}); break; }
+      case 0x15: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kValOffset, r.sleb() * cie.data_align}); break; }
+      case 0x2e: r.uleb(); break;  // GNU_args_size
+      case 0x2f: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kOffset, -int64_t(r.uleb()) * cie.data_align}); break; }
+      default: return false;
+    }
+  }
+  (void)fde_end;
+  return r.ok;
+}
+
+// Parses one CIE at offset `off` of the section.
+bool parse_cie(const Section& sec, size_t off, uint64_t text_addr, Cie* cie) {
+  Reader r{sec.data + off, sec.data + sec.size};
+  uint64_t len = r.fixed<uint32_t>();
+  bool dwarf64 = false;
+  if (len == 0xffffffffu) {
+    len = r.fixed<uint64_t>();
+    dwarf64 = true;
+  }
+  if (!r.ok || len > static_cast<uint64_t>(r.end - r.p)) return false;
+  const uint8_t* end = r.p + len;
+  r.end = end;
+  uint64_t id = dwarf64 ? r.fixed<uint64_t>() : r.fixed<uint32_t>();
+  uint64_t want = sec.eh ? 0 : (dwarf64 ? ~uint64_t(0) : 0xffffffffu);
+  if (id != want) return false;
+  uint8_t version = r.u8();
+  const char* aug = reinterpret_cast<const char*>(r.p);
+  size_t aug_len = strnlen(aug, static_cast<size_t>(r.end - r.p));
+  r.skip(aug_len + 1);
+  std::string augs(aug, aug_len);
+  if (augs.find("eh") != std::string::npos) r.skip(8);
+  if (!sec.eh && version >= 4) {
+    uint8_t asz = r.u8();
+    r.u8();  // segment selector size
+    if (asz != 8) return false;
+  }
+  cie->code_align = r.uleb();
+  cie->data_align = r.sleb();
+  cie->ra_reg = version == 1 ? r.u8() : r.uleb();
+  cie->fde_enc = kPeAbsptr;
+  cie->has_z = !augs.empty() && augs[0] == 'z';
+  if (cie->has_z) {
+    uint64_t alen = r.uleb();
+    const uint8_t* aend = r.p + alen;
+    for (size_t i = 1; i < augs.size() && r.ok; i++) {
+      switch (augs[i]) {
+        case 'L': r.u8(); break;
+        case 'R': cie->fde_enc = r.u8(); break;
+        case 'P': {
+          uint8_t enc = r.u8();
+          uint64_t dummy;
+          Reader rr = r;
+          // personality pointer: skip by its size (indirect/pcrel irrelevant)
+          if (!read_encoded_value(rr, enc & 0x0f, &dummy)) return false;
+          r.p = rr.p;
+          break;
+        }
+        case 'S':
+        case 'B':
+        case 'G':
+          break;
+        default:
+          i = augs.size();  // unknown: rest is skipped by the length
+          break;
+      }
+    }
+    if (!r.ok || aend > r.end) return false;
+    r.p = aend;
+  }
+  if (!sec.eh) cie->fde_enc = kPeAbsptr;
+  cie->insns = r.p;
+  cie->insns_end = end;
+  (void)text_addr;
+  return r.ok;
+}
+
+// Walks a .eh_frame or .debug_frame section, appending FDE row lists.
+void parse_section(const Section& sec, uint64_t text_addr, std::vector<FdeRows>* out,
+                   size_t* skipped) {
+  size_t off = 0;
+  while (off + 4 <= sec.size) {
+    Reader r{sec.data + off, sec.data + sec.size};
+    uint64_t len = r.fixed<uint32_t>();
+    bool dwarf64 = false;
+    if (len == 0) {
+      if (sec.eh) break;  // terminator
+      off += 4;
+      continue;
+    }
+    if (len == 0xffffffffu) {
+      len = r.fixed<uint64_t>();
+      dwarf64 = true;
+    }
+    size_t hdr = dwarf64 ? 12 : 4;
+    if (!r.ok || len > sec.size - off - hdr) break;
+    size_t next = off + hdr + len;
+    const uint8_t* id_pos = r.p;
+    uint64_t id = dwarf64 ? r.fixed<uint64_t>() : r.fixed<uint32_t>();
+    bool is_cie = sec.eh ? id == 0 : id == (dwarf64 ? ~uint64_t(0) : 0xffffffffu);
+    if (is_cie) {
+      off = next;
+      continue;
+    }
+    size_t cie_off = sec.eh ? static_cast<size_t>(id_pos - sec.data) - id : id;
+    Cie cie;
+    if (cie_off >= sec.size || !parse_cie(sec, cie_off, text_addr, &cie)) {
+      ++*skipped;
+      off = next;
+      continue;
+    }
+    r.end = sec.data + next;
+    uint64_t begin = 0, range = 0;
+    if (!read_encoded(r, cie.fde_enc, sec, text_addr, &begin) ||
+        !read_encoded_value(r, cie.fde_enc, &range) || range == 0) {
+      ++*skipped;
+      off = next;
+      continue;
+    }
+    if (cie.has_z) r.skip(r.uleb());
+    if (!r.ok) {
+      ++*skipped;
+      off = next;
+      continue;
+    }
+    State init;
+    uint64_t loc = begin;
+    bool good = run_cfa(cie.insns, cie.insns_end, cie, sec, text_addr, init, init, &loc, 0, nullptr);
+    FdeRows f;
+    f.begin = begin;
+    f.end = begin + range;
+    f.debug_frame = !sec.eh;
+    State st = init;
+    loc = begin;
+    good = good && run_cfa(r.p, r.end, cie, sec, text_addr, st, init, &loc, f.end, &f.rows);
+    if (!good) {
+      ++*skipped;
+      off = next;
+      continue;
+    }
+    f.rows.emplace_back(loc, to_row(st));
+    // Rows past the FDE's end (advance beyond the range) are dropped.
+    while (!f.rows.empty() && f.rows.back().first >= f.end && f.rows.size() > 1) f.rows.pop_back();
+    out->push_back(std::move(f));
+    off = next;
+  }
+}
+
+std::string read_build_id(Elf* elf) {
+  size_t n = 0;
+  if (elf_getphdrnum(elf, &n) != 0) return "";
+  for (size_t i = 0; i < n; i++) {
+    GElf_Phdr ph;
+    if (!gelf_getphdr(elf, static_cast<int>(i), &ph) || ph.p_type != PT_NOTE) continue;
+    Elf_Data* d = elf_getdata_rawchunk(elf, ph.p_offset, ph.p_filesz, ELF_T_NHDR);
+    if (!d) continue;
+    size_t off = 0, name_off, desc_off;
+    GElf_Nhdr nh;
+    while ((off = gelf_getnote(d, off, &nh, &name_off, &desc_off)) > 0) {
+      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+          std::memcmp(static_cast<char*>(d->d_buf) + name_off, "GNU", 4) == 0) {
+        static const char hex[] = "0123456789abcdef";
+        std::string s;
+        auto* b = static_cast<const uint8_t*>(d->d_buf) + desc_off;
+        for (size_t k = 0; k < nh.n_descsz; k++) {
+          s += hex[b[k] >> 4];
+          s += hex[b[k] & 15];
+        }
+        return s;
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+mt_unwind_row encode_row(const RowInfo& in) {
+  RowInfo r = in;
+  mt_unwind_row out{};
+  if (r.cfa == MT_CFA_RSP || r.cfa == MT_CFA_RBP || r.cfa == MT_CFA_RBP_DEREF) {
+    if (r.cfa_off % 8 != 0 || r.cfa_off / 8 < INT16_MIN || r.cfa_off / 8 > INT16_MAX) {
+      r.cfa = MT_CFA_UNSUPPORTED;
+      r.cfa_off = 0;
+    }
+  }
+  if (r.cfa == MT_CFA_NONE || r.cfa == MT_CFA_END || r.cfa == MT_CFA_UNSUPPORTED) {
+    r.cfa_off = 0;
+    r.rbp = MT_RBP_SAME;
+  }
+  if (r.rbp == MT_RBP_AT_CFA || r.rbp == MT_RBP_AT_RBP) {
+    if (r.rbp_off % 8 != 0 || r.rbp_off / 8 < INT8_MIN || r.rbp_off / 8 > INT8_MAX) r.rbp = MT_RBP_UNKNOWN;
+  }
+  if (r.rbp != MT_RBP_AT_CFA && r.rbp != MT_RBP_AT_RBP) r.rbp_off = 0;
+  out.cfa_off = static_cast<int16_t>(r.cfa == MT_CFA_PLT ? r.cfa_off : r.cfa_off / 8);
+  out.kind = static_cast<uint8_t>(r.cfa | (r.rbp << 4));
+  out.rbp_off = static_cast<int8_t>(r.rbp_off / 8);
+  return out;
+}
+
+RowInfo decode_row(const mt_unwind_row& row) {
+  RowInfo r;
+  r.cfa = MT_ROW_CFA(&row);
+  r.rbp = MT_ROW_RBP(&row);
+  r.cfa_off = r.cfa == MT_CFA_PLT ? row.cfa_off : int64_t(row.cfa_off) * 8;
+  r.rbp_off = int64_t(row.rbp_off) * 8;
+  return r;
+}
+
+const char* cfa_type_name(uint8_t t) {
+  switch (t) {
+    case MT_CFA_NONE: return "none";
+    case MT_CFA_RSP: return "rsp";
+    case MT_CFA_RBP: return "rbp";
+    case MT_CFA_RBP_DEREF: return "*rbp";
+    case MT_CFA_PLT: return "plt";
+    case MT_CFA_END: return "end";
+    default: return "unsupported";
+  }
+}
+
+const mt_unwind_row* CfiTable::lookup(uint64_t vaddr) const {
+  if (vaddr < base || vaddr - base > UINT32_MAX) return nullptr;
+  uint32_t pc = static_cast<uint32_t>(vaddr - base);
+  auto it = std::upper_bound(rows.begin(), rows.end(), pc,
+                             [](uint32_t v, const mt_unwind_row& r) { return v < r.pc; });
+  if (it == rows.begin()) return nullptr;
+  return &*(it - 1);
+}
+
+Result<CfiTable> build_cfi_table(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Error::sys("open " + path);
+  return build_cfi_table_fd(fd.get(), path);
+}
+
+Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what) {
+  elf_version(EV_CURRENT);
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (!elf) return Error::msg("read ELF " + what + ": " + elf_errmsg(-1));
+  struct ElfCloser {
+    Elf* e;
+    ~ElfCloser() { elf_end(e); }
+  } closer{elf};
+  GElf_Ehdr eh;
+  if (!gelf_getehdr(elf, &eh)) return Error::msg("read ELF header " + what + ": " + elf_errmsg(-1));
+  if (eh.e_machine != EM_X86_64) return Error::msg("CFI tables " + what + ": not an x86-64 ELF file");
+  size_t shstrndx = 0;
+  if (elf_getshdrstrndx(elf, &shstrndx) != 0) return Error::msg("section names " + what + ": " + elf_errmsg(-1));
+
+  CfiTable t;
+  t.build_id = read_build_id(elf);
+  size_t nph = 0;
+  if (elf_getphdrnum(elf, &nph) == 0) {
+    for (size_t i = 0; i < nph; i++) {
+      GElf_Phdr ph;
+      if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
+        t.segments.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz, (ph.p_flags & PF_X) != 0});
+    }
+  }
+  Section eh_frame, debug_frame;
+  uint64_t text_addr = 0;
+  for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn; scn = elf_nextscn(elf, scn)) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh)) continue;
+    const char* name = elf_strptr(elf, shstrndx, sh.sh_name);
+    if (!name) continue;
+    bool is_eh = std::strcmp(name, ".eh_frame") == 0;
+    bool is_debug = std::strcmp(name, ".debug_frame") == 0;
+    if (std::strcmp(name, ".text") == 0) text_addr = sh.sh_addr;
+    if ((!is_eh && !is_debug) || sh.sh_type == SHT_NOBITS) continue;
+    if (sh.sh_flags & SHF_COMPRESSED) elf_compress(scn, 0, 0);
+    Elf_Data* d = elf_getdata(scn, nullptr);
+    if (!d || !d->d_buf) continue;
+    Section& s = is_eh ? eh_frame : debug_frame;
+    s.data = static_cast<const uint8_t*>(d->d_buf);
+    s.size = d->d_size;
+    s.addr = sh.sh_addr;
+    s.eh = is_eh;
+  }
+
+  std::vector<FdeRows> fdes;
+  if (eh_frame.data) parse_section(eh_frame, text_addr, &fdes, &t.fdes_skipped);
+  if (debug_frame.data) parse_section(debug_frame, text_addr, &fdes, &t.fdes_skipped);
+  // .eh_frame first at equal start: it is what the runtime uses.
+  std::stable_sort(fdes.begin(), fdes.end(), [](const FdeRows& a, const FdeRows& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    return a.debug_frame < b.debug_frame;
+  });
+  if (fdes.empty()) return t;
+  uint64_t lo = fdes.front().begin, hi = 0;
+  for (auto& f : fdes) hi = std::max(hi, f.end);
+  t.base = lo & ~uint64_t(0xfff);
+  if (hi - t.base > UINT32_MAX) return Error::msg("CFI tables " + what + ": code spans more than 4 GiB");
+
+  uint64_t covered_to = 0;  // end of the last FDE used
+  auto push = [&](uint64_t vaddr, mt_unwind_row row) {
+    row.pc = static_cast<uint32_t>(vaddr - t.base);
+    if (!t.rows.empty() && t.rows.back().pc == row.pc) {
+      t.rows.back() = row;
+    } else if (!t.rows.empty() && same_row(t.rows.back(), row)) {
+      return;
+    } else {
+      t.rows.push_back(row);
+    }
+      };
+  for (size_t i = 0; i < fdes.size(); i++) {
+    const FdeRows& f = fdes[i];
+    if (f.begin < covered_to) {  // overlaps an FDE already used (duplicate in .debug_frame)
+      t.fdes_skipped++;
+      continue;
+    }
+    for (auto& [vaddr, row] : f.rows)
+      if (vaddr < f.end) push(vaddr, row);
+    covered_to = f.end;
+    t.fdes++;
+    if (f.debug_frame) t.fdes_debug_frame++;
+    // Gap after this FDE: no CFI there.
+    size_t j = i + 1;
+    while (j < fdes.size() && fdes[j].begin < covered_to) j++;
+    if (j == fdes.size() || fdes[j].begin > f.end) push(f.end, mt_unwind_row{0, 0, MT_CFA_NONE, 0});
+  }
+  t.rows_unsupported = 0;
+  for (auto& r : t.rows) t.rows_unsupported += MT_ROW_CFA(&r) == MT_CFA_UNSUPPORTED;
+  t.rows.shrink_to_fit();
+  return t;
+}
+
+}  // namespace memtrace::unwind

@@ -1,0 +1,59 @@
+// CFI tables: an ELF file's .eh_frame (and .debug_frame) turned into the
+// compact pc-sorted rows the BPF unwinder searches (struct mt_unwind_row in
+// bpf/memtrace.h). Own DWARF CFA interpreter on top of libelf: it keeps only
+// what an x86-64 unwinder needs (CFA rule, rbp rule, return address at CFA-8)
+// and recognises the two common expressions (.plt entries, gcc's stack
+// realignment) instead of giving up on them.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+extern "C" {
+#include "memtrace.h"
+}
+
+namespace memtrace::unwind {
+
+// A row with full-width offsets (bytes), as the DWARF says it.
+struct RowInfo {
+  uint8_t cfa = MT_CFA_NONE;  // enum mt_cfa_type
+  int64_t cfa_off = 0;
+  uint8_t rbp = MT_RBP_SAME;  // enum mt_rbp_rule
+  int64_t rbp_off = 0;
+};
+// Packing into the 8-byte BPF row (offsets that do not fit: unsupported/unknown).
+mt_unwind_row encode_row(const RowInfo& r);
+RowInfo decode_row(const mt_unwind_row& r);
+
+// An ELF PT_LOAD segment (to turn a mapping's file offset into a load bias).
+struct LoadSegment {
+  uint64_t vaddr = 0, offset = 0, filesz = 0;
+  bool exec = false;
+};
+
+struct CfiTable {
+  uint64_t base = 0;                  // row pc = ELF vaddr - base
+  std::vector<mt_unwind_row> rows;    // sorted by pc, consecutive duplicates merged
+  std::string build_id;               // hex, "" if none
+  std::vector<LoadSegment> segments;  // PT_LOAD
+  // Statistics of the build.
+  size_t fdes = 0;                    // FDEs used
+  size_t fdes_debug_frame = 0;        // of which from .debug_frame
+  size_t fdes_skipped = 0;            // overlapping / empty / unreadable
+  size_t rows_unsupported = 0;
+
+  size_t bytes() const { return rows.size() * sizeof(mt_unwind_row); }
+  // Row covering ELF vaddr (nullptr: before the first row / beyond 4 GiB).
+  const mt_unwind_row* lookup(uint64_t vaddr) const;
+};
+
+// Parse the CFI of one ELF file (x86-64). A file without any CFI gives an
+// empty table (the unwinder then falls back to frame pointers inside it).
+Result<CfiTable> build_cfi_table(const std::string& path);
+Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what);
+
+const char* cfa_type_name(uint8_t t);
+
+}  // namespace memtrace::unwind

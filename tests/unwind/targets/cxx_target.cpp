@@ -1,0 +1,39 @@
+// operator new inside a template, -O2 -fomit-frame-pointer (libstdc++'s
+// operator new has no frame pointer either).
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define UNW_MARK 123457
+volatile int sink;
+
+template <typename T>
+struct Holder {
+  T* data = nullptr;
+  __attribute__((noinline)) void make(size_t n) {
+    data = new T[n];
+    sink += 1;
+  }
+};
+
+template <typename T>
+__attribute__((noinline)) Holder<T>* build(size_t n) {
+  auto* h = new Holder<T>;  // a small allocation first (not UNW_MARK)
+  h->make(n);
+  sink += 2;
+  return h;
+}
+
+int main() {
+  bool gdb = getenv("UNW_GDB") != nullptr;
+  if (!gdb) raise(SIGSTOP);
+  Holder<char>* volatile h = build<char>(UNW_MARK);
+  (void)h;
+  if (!gdb) {
+    printf("done\n");
+    fflush(stdout);
+    for (;;) pause();
+  }
+  return 0;
+}
