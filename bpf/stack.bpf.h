@@ -1,5 +1,7 @@
-/* User stack capture: the one place that walks a user stack (replaceable by
- * the .eh_frame unwinder, issue 5). Included by memtrace.bpf.c only.
+/* User stack capture: the one place that walks a user stack. CFI unwinding
+ * (unwind.bpf.h, issue 5) for processes whose tables the loader has put in
+ * unwind_procs; the frame-pointer walk below for the others (and inside the
+ * CFI walk wherever a pc has no table row). Included by memtrace.bpf.c.
  *
  * mt_capture_stack(regs, ret_at, out):
  *   regs    user registers at the probe (uprobe ctx, or bpf_task_pt_regs for
@@ -15,9 +17,15 @@
 
 #define MT_RET_UNKNOWN (-1)
 
+#include "unwind.bpf.h"
+
 static __always_inline __u32 mt_capture_stack(struct pt_regs *regs, int ret_at,
 					      struct mt_stack *out)
 {
+	int cfi = mt_unwind_cfi(regs, ret_at, out);
+	if (cfi >= 0)
+		return (__u32)cfi;
+
 	__u64 sp = PT_REGS_SP_CORE(regs);
 	__u64 fp = PT_REGS_FP_CORE(regs);
 	__u32 n = 0;

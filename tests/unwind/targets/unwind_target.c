@@ -4,9 +4,7 @@
  * test compares the BPF stack of that malloc with gdb's `bt`.
  *
  *   unwind_target MODE      MODE: chain | qsort | shlib | thread | recurse
- *
- * Unless UNW_GDB is set, the program stops itself (SIGSTOP) before the
- * allocation so the tracer can attach, and after it waits for SIGKILL. */
+ */
 #include <alloca.h>
 #include <pthread.h>
 #include <signal.h>
@@ -86,15 +84,6 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return 2;
-	int gdb = getenv("UNW_GDB") != NULL;
-	if (!gdb)
-		raise(SIGSTOP);
 	run(argv[1]);
-	if (!gdb) {
-		printf("done\n");
-		fflush(stdout);
-		for (;;)
-			pause();
-	}
 	return 0;
 }

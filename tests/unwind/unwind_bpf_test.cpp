@@ -1,0 +1,183 @@
+// BPF stacks vs gdb: for each proof case of issue 5 the stack that
+// mt_capture_stack (bpf/stack.bpf.h) takes at the malloc uprobe must name
+// the same functions, in the same order, as gdb's `bt` at a breakpoint on
+// the same malloc call; complete stacks must reach _start / clone3 without
+// the truncated flag, and the 200-deep recursion must be cut at
+// MT_MAX_FRAMES and marked truncated.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "test_env.h"
+
+using namespace memtrace::unwind;
+
+namespace {
+
+constexpr uint64_t kMark = 123457;
+
+std::string run_cmd(const std::string& cmd) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p.get())) > 0) out.append(buf, n);
+  return out;
+}
+
+// "operator new(unsigned long)" -> "operator new"; "Holder<char>::make" stays.
+std::string norm(std::string s) {
+  auto p = s.find('(');
+  if (p != std::string::npos && p > 0) s.resize(p);
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+struct GdbFrame {
+  uint64_t pc;
+  std::string name;
+};
+
+// gdb's real frames (NORMAL_FRAME: not the inline frames it adds from
+// DWARF, nor the TAILCALL_FRAMEs it synthesises from call-site info -- qsort
+// tail-jumps to qsort_r, so no unwinder can see a qsort frame) at `break malloc if $rdi == kMark`, past
+// main, frame #0 (malloc itself) dropped: the BPF stack starts at malloc's
+// caller. gdb runs the program without ASLR, as the traced run does.
+std::vector<GdbFrame> gdb_bt(const std::vector<std::string>& argv) {
+  char script[] = "/tmp/unw-gdb-XXXXXX";
+  int fd = mkstemp(script);
+  std::string py =
+      "set debuginfod enabled off\nset breakpoint pending on\nset pagination off\n"
+      "set backtrace past-main on\nset backtrace limit 400\n"
+      "break malloc if $rdi == " + std::to_string(kMark) + "\nrun\n"
+      "python\nf = gdb.newest_frame()\nwhile f is not None:\n"
+      "    if f.type() == gdb.NORMAL_FRAME:\n        print('FRAME %x %s' % (f.pc(), f.name()))\n"
+      "    f = f.older()\nend\n";
+  if (write(fd, py.data(), py.size()) != ssize_t(py.size())) ADD_FAILURE() << "write gdb script";
+  close(fd);
+  std::string cmd = "DEBUGINFOD_URLS= gdb -batch -nx -x " + std::string(script) + " --args";
+  for (auto& a : argv) cmd += " '" + a + "'";
+  std::string out = run_cmd(cmd + " 2>&1");
+  unlink(script);
+  std::vector<GdbFrame> frames;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("FRAME ", 0) != 0) continue;
+    std::istringstream ls(line.substr(6));
+    GdbFrame f;
+    ls >> std::hex >> f.pc;
+    std::getline(ls >> std::ws, f.name);
+    frames.push_back(f);
+  }
+  if (!frames.empty()) frames.erase(frames.begin());
+  if (frames.empty()) ADD_FAILURE() << "gdb printed no frames:\n" << out;
+  return frames;
+}
+
+// gcc clones: "msort_with_tmp.part.0" is gdb's "msort_with_tmp"; a
+// demangled template function carries its return type ("Holder<char>*
+// build<char>"), gdb's name does not.
+std::string base_name(std::string s) {
+  s = norm(s);
+  int depth = 0;
+  size_t last = std::string::npos;
+  for (size_t i = 0; i < s.size(); i++) {
+    if (s[i] == '<') depth++;
+    else if (s[i] == '>') depth--;
+    else if (s[i] == ' ' && depth == 0) last = i;
+  }
+  if (last != std::string::npos && s.compare(0, 9, "operator ") != 0) s = s.substr(last + 1);
+  auto p = s.find('.');
+  if (p != std::string::npos && p > 0) s.resize(p);
+  return s;
+}
+
+struct Case {
+  std::vector<std::string> argv;
+  bool thread = false;
+  bool truncated = false;  // expected cut at MT_MAX_FRAMES
+};
+
+void check(const Case& c) {
+  MEMTRACE_REQUIRE_ROOT();
+  harness::Options opt;
+  opt.mark_size = kMark;
+  opt.no_aslr = true;
+  auto run = harness::trace(c.argv, opt);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  EXPECT_TRUE(run->table_errors.empty()) << run->table_errors;
+  ASSERT_EQ(run->stacks.size(), 1u) << "one marked malloc, one stack";
+  const harness::Stack& s = run->stacks[0];
+  harness::Symbolizer sym(run->maps);
+  std::vector<std::string> ours;
+  std::string printed;
+  for (auto ip : s.ips) {
+    ours.push_back(norm(sym.name(ip)));
+    char b[64];
+    std::snprintf(b, sizeof b, "%#lx ", (unsigned long)ip);
+    printed += b + ours.back() + "\n";
+  }
+  std::vector<GdbFrame> gdb = gdb_bt(c.argv);
+  std::string gdb_printed;
+  for (auto& g : gdb) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%#lx ", (unsigned long)g.pc);
+    gdb_printed += b + g.name + "\n";
+  }
+  SCOPED_TRACE("BPF stack:\n" + printed + "gdb frames (from #1):\n" + gdb_printed);
+  ASSERT_FALSE(gdb.empty());
+  size_t n = std::min(gdb.size(), ours.size());
+  if (c.truncated) {
+    EXPECT_EQ(ours.size(), size_t(MT_MAX_FRAMES));
+    EXPECT_TRUE(s.flags & MT_F_STACK_TRUNCATED);
+    EXPECT_GT(gdb.size(), size_t(MT_MAX_FRAMES));
+  } else {
+    EXPECT_EQ(ours.size(), gdb.size());
+    EXPECT_FALSE(s.flags & MT_F_STACK_TRUNCATED);
+    EXPECT_EQ(run->counters[MT_UC_END_OUTERMOST], 1u) << "stack must end at an outermost frame";
+    std::string outermost = c.thread ? "clone3" : "_start";
+    bool found = false;
+    for (auto& a : sym.aliases(s.ips.back())) found |= a == outermost || a == "__" + outermost;
+    EXPECT_TRUE(found) << "outermost frame " << ours.back() << ", want " << outermost;
+  }
+  for (size_t i = 0; i < n; i++) {
+    EXPECT_EQ(s.ips[i], gdb[i].pc) << "frame " << i << " return address";
+    bool same = false;
+    for (auto& a : sym.aliases(s.ips[i])) same |= base_name(a) == base_name(gdb[i].name);
+    EXPECT_TRUE(same) << "frame " << i << ": ours " << ours[i] << ", gdb " << gdb[i].name;
+  }
+  std::printf("%s %s: %zu frames, gdb %zu frames, %zu compared; frames by CFI %lu, by FP %lu\n",
+              c.argv[0].c_str(), c.argv.size() > 1 ? c.argv[1].c_str() : "", ours.size(), gdb.size(),
+              n, (unsigned long)run->counters[MT_UC_FRAMES_CFI], (unsigned long)run->counters[MT_UC_FRAMES_FP]);
+}
+
+const std::string kTarget = UNW_DIR "/unwind_target";
+
+}  // namespace
+
+TEST(UnwindBpf, OmitFramePointerChain) { check({{kTarget, "chain"}}); }
+TEST(UnwindBpf, QsortCallback) { check({{kTarget, "qsort"}}); }
+TEST(UnwindBpf, SharedLibraryWithoutFramePointers) { check({{kTarget, "shlib"}}); }
+TEST(UnwindBpf, CxxOperatorNewInTemplate) { check({{UNW_DIR "/cxx_target"}}); }
+TEST(UnwindBpf, Thread) { check({{kTarget, "thread"}, true}); }
+TEST(UnwindBpf, Recursion200Truncated) { check({{kTarget, "recurse"}, false, true}); }
+
+// Without tables (unwind_disabled) the same chain stops within a frame or
+// two: what the CFI walk is for.
+TEST(UnwindBpf, FramePointersAloneAreShort) {
+  MEMTRACE_REQUIRE_ROOT();
+  harness::Options opt;
+  opt.mark_size = kMark;
+  opt.unwind = false;
+  auto run = harness::trace({kTarget, "chain"}, opt);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  ASSERT_EQ(run->stacks.size(), 1u);
+  EXPECT_LT(run->stacks[0].ips.size(), 4u);
+}
