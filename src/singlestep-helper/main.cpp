@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", o.ready_fd, "write one byte to this fd once tracking is armed");
   app.add_option("--track-allocs-from", o.track_allocs_from,
                  "track every block returned by malloc/calloc/realloc to FUNCTION until freed");
+  app.add_option("--rearm", o.rearm_ms,
+                 "page mode: every MS milliseconds make the regions inaccessible again; the first access "
+                 "to each page per interval faults once (seen by memtrace-bpf --faults), then runs");
   app.add_option("--track-alloc-size", o.track_alloc_size, "with --track-allocs-from: only blocks of this size");
   app.footer("  -- PROGRAM ARGS    start PROGRAM under the helper and track it (exit status is PROGRAM's)");
   // Everything after "--" is the program to launch, options included.
@@ -119,9 +122,18 @@ int main(int argc, char** argv) {
     file.open(out_path);
     if (!file) return fail("cannot open " + out_path + " for writing");
   }
+  if (o.rearm_ms > 0 && !o.track_allocs_from.empty()) return fail("--rearm and --track-allocs-from do not mix");
+  if (o.rearm_ms < 0) return fail("--rearm needs a positive interval");
   g_duration = o.duration;
   clock_gettime(CLOCK_MONOTONIC, &g_start);
   install_handlers();
+  if (o.rearm_ms > 0 && o.rearm_ms < 50) {
+    // The tick wakes the event loop: make it as fine as the interval.
+    long us = static_cast<long>(o.rearm_ms * 1000);
+    if (us < 100) us = 100;
+    itimerval it{{us / 1000000, us % 1000000}, {us / 1000000, us % 1000000}};
+    setitimer(ITIMER_REAL, &it, nullptr);
+  }
 
   if (cpu >= 0) {
     cpu_set_t set;

@@ -86,6 +86,14 @@ void Report::write_json(std::ostream& out) const {
   j["stats"] = {{"emulated", emulated}, {"single_stepped", stepped},
                 {"same_page_unrecorded", unrecorded_same_page}, {"syscalls_redirected", syscalls_redirected},
                 {"syscalls_unprotected", unprotected_syscalls}};
+  if (rearm_ms > 0) {
+    json pages = json::array();
+    for (const auto& [pg, n] : page_accesses) pages.push_back({{"page", hex(pg)}, {"first_accesses", n}});
+    j["rearm"] = {{"interval_ms", rearm_ms},
+                  {"intervals", rearm_intervals},
+                  {"first_accesses", page_first_accesses},
+                  {"pages", std::move(pages)}};
+  }
   // Summary: by ip, then byte map per region.
   std::map<IpKey, uint64_t> by_ip;
   std::map<uint64_t, std::pair<std::string, std::string>> names;
@@ -137,6 +145,9 @@ void Report::write_text(std::ostream& out) const {
   out << "\n# emulated " << emulated << ", single-stepped " << stepped << ", same-page accesses outside regions "
       << unrecorded_same_page << ", syscalls redirected " << syscalls_redirected
       << ", other syscalls run with the pages opened " << unprotected_syscalls << "\n";
+  if (rearm_ms > 0)
+    out << "# rearm every " << rearm_ms << " ms: " << rearm_intervals << " intervals, " << page_first_accesses
+        << " first accesses on " << page_accesses.size() << " pages\n";
   std::map<IpKey, uint64_t> by_ip;
   std::map<uint64_t, std::pair<std::string, std::string>> names;
   for (const auto& r : records) {

@@ -51,6 +51,14 @@ struct Report {
   uint64_t unprotected_syscalls = 0;
   std::vector<Block> blocks;   // --track-allocs-from
   std::string track_allocs_from;
+  // --rearm MS (page mode): every MS the regions are made inaccessible again;
+  // the first access to each page in an interval faults, the page gets its
+  // protection back and the access is retried (no single-step, no record:
+  // memtrace-bpf --faults logs the fault with its ip and read/write).
+  double rearm_ms = 0;
+  uint64_t rearm_intervals = 0;     // times the regions were re-protected
+  uint64_t page_first_accesses = 0; // SIGSEGVs on armed pages, each answered by one mprotect
+  std::map<uint64_t, uint64_t> page_accesses;  // page -> first accesses
 
   void write_json(std::ostream& out) const;
   void write_text(std::ostream& out) const;

@@ -129,6 +129,7 @@ void Tracer::dismiss_guardian() {
 }
 
 int Tracer::run_guardian(pid_t pid, int fd) {
+  const pid_t helper = getppid();
   std::map<uint64_t, int> pages;
   std::map<uint64_t, uint8_t> bps;
   uint64_t syscall_insn = 0, scratch = 0;
@@ -158,11 +159,25 @@ int Tracer::run_guardian(pid_t pid, int fd) {
     }
   }
   if (clear || (pages.empty() && bps.empty())) return 0;
-  // The helper died without restoring: the kernel detached the tracee. Re-attach and undo.
+  // The helper died without restoring. The pipe reads EOF when the dying
+  // helper closes its files, before the kernel detaches its tracees (exit_files
+  // runs before exit_notify -> exit_ptrace): seizing now fails with EPERM. The
+  // tracees are free once this process has been reparented (exit_notify
+  // detaches them first), so wait for that, then re-attach and undo.
+  for (int i = 0; i < 5000 && getppid() == helper; i++) usleep(1000);
   Options o;
   o.pid = pid;
   Tracer t(o);
-  if (!t.attach()) return 1;
+  Result<void> at = t.attach();
+  for (int i = 0; !at && at.error().err == EPERM && i < 2000; i++) {  // belt and braces: a tracer still going away
+    usleep(1000);
+    at = t.attach();
+  }
+  if (!at) {
+    std::fprintf(stderr, "memtrace-singlestep guardian: %s: protections of process %d not restored\n",
+                 at.error().message.c_str(), pid);
+    return 1;
+  }
   std::string mp = "/proc/" + std::to_string(pid) + "/mem";
   t.mem_ = Fd(open(mp.c_str(), O_RDWR | O_CLOEXEC));
   t.syscall_insn_ = syscall_insn;
@@ -364,7 +379,7 @@ Result<void> Tracer::arm() {
       pages_[p] = Page{m->prot, m->prot};
     }
   }
-  if (opt_.mode == "hw" || (opt_.mode == "auto" && HwWatch::eligible(report_.regions) && opt_.track_allocs_from.empty())) {
+  if (opt_.rearm_ms <= 0 && (opt_.mode == "hw" || (opt_.mode == "auto" && HwWatch::eligible(report_.regions) && opt_.track_allocs_from.empty()))) {
     if (!HwWatch::eligible(report_.regions))
       return Error::msg("--mode hw needs at most four aligned 1/2/4/8-byte words");
     hw_ = true;
@@ -375,7 +390,8 @@ Result<void> Tracer::arm() {
     armed_ = true;
     return {};
   }
-  report_.mode = "single-step";
+  report_.mode = opt_.rearm_ms > 0 ? "page-rearm" : "single-step";
+  report_.rearm_ms = opt_.rearm_ms;
   // A syscall instruction to run injected system calls: the vDSO has one.
   for (const auto& m : *maps) {
     if (!(m.prot & PROT_EXEC)) continue;
@@ -403,6 +419,10 @@ Result<void> Tracer::arm() {
     if (auto r = arm_alloc_tracking(); !r) return r;
   if (auto r = protect_all(tid, true); !r) return r;
   armed_ = true;
+  if (opt_.rearm_ms > 0) {
+    report_.rearm_intervals = 1;
+    next_rearm_ns_ = now_ns() + static_cast<uint64_t>(opt_.rearm_ms * 1e6);
+  }
   return {};
 }
 
@@ -560,6 +580,7 @@ void Tracer::run() {
       disarm_and_detach(stop_reason_);
       return;
     }
+    if (opt_.rearm_ms > 0 && armed_ && now_ns() >= next_rearm_ns_) rearm_now();
     // Queued events first (gathered while the world was stopped).
     pid_t next = 0;
     for (auto& [tid, t] : threads_)
@@ -592,6 +613,7 @@ void Tracer::handle(pid_t tid, int status) {
   if (!thread(tid)) add_thread(tid, true);
   Thread& t = threads_[tid];
   if (!(s.kind() == Stop::kSignal && s.sig() == SIGSEGV)) t.stale_ip = t.stale_addr = 0;
+  t.retry_page = 0;  // it ran since (a page it had restored was accessed)
   if (s.gone()) {
     if (tid == pid_) {
       report_.exit_code = s.exit_code();
@@ -634,7 +656,8 @@ void Tracer::handle(pid_t tid, int status) {
         if (get_siginfo(tid, si) && si.si_code > 0) {
           uint64_t a = reinterpret_cast<uint64_t>(si.si_addr);
           if (page_armed(page_of(a))) {
-            handle_fault(tid, a);
+            if (opt_.rearm_ms > 0) handle_page_access(tid, a);
+            else handle_fault(tid, a);
             return;
           }
           // A tracked page that is open right now (a system call window, or the fault
@@ -769,6 +792,86 @@ void Tracer::handle_fault(pid_t tid, uint64_t fault_addr) {
   if (threads_.size() > 1) stop_world(tid);
   step_over(tid, regs, info, fault_addr, now);
   report_.stepped++;
+}
+
+// --rearm: the first access to an armed page in this interval. Give the page
+// its protection back from the faulting thread itself and let the access run
+// again (the SIGSEGV is not delivered). The kernel's page_fault_user
+// tracepoint has already seen this fault (memtrace-bpf flags it as an access
+// error); nothing is single-stepped.
+void Tracer::handle_page_access(pid_t tid, uint64_t fault_addr) {
+  uint64_t page = page_of(fault_addr);
+  auto it = pages_.find(page);
+  if (it == pages_.end()) return;
+  if (auto r = set_prot(tid, page, 1, it->second.orig_prot); !r) {
+    std::fprintf(stderr, "memtrace-singlestep: %s\n", r.error().message.c_str());
+    return;
+  }
+  report_.page_first_accesses++;
+  report_.page_accesses[page]++;
+  user_regs_struct regs;
+  if (Thread* t = thread(tid); t && get_regs(tid, regs)) {
+    t->retry_page = page;
+    t->retry_ip = regs.rip;
+  }
+}
+
+// --rearm: a thread whose page was just restored but that has not re-run the
+// access yet would fault again on the re-armed page (two first accesses in one
+// interval): step it over the access first.
+void Tracer::finish_retries() {
+  for (auto& [tid, t] : threads_) {
+    for (int i = 0; i < 4 && t.retry_page && t.stopped && t.queued.empty(); i++) {
+      user_regs_struct r;
+      if (!get_regs(tid, r) || r.rip != t.retry_ip) break;
+      pt(PTRACE_SINGLESTEP, tid, 0, 0);
+      Stop s(wait_for(tid));
+      if (s.gone()) {
+        t.queued.push_back(s.raw());
+        break;
+      }
+      siginfo_t si;
+      if (s.kind() == Stop::kSignal && s.sig() == SIGSEGV && get_siginfo(tid, si) && si.si_code > 0 &&
+          page_armed(page_of(reinterpret_cast<uint64_t>(si.si_addr)))) {
+        handle_page_access(tid, reinterpret_cast<uint64_t>(si.si_addr));  // another armed page: same interval
+        continue;
+      }
+      if (s.kind() == Stop::kSignal && s.sig() != SIGTRAP) t.resume_sig = s.sig();
+      else if (s.kind() != Stop::kSignal) t.queued.push_back(s.raw());
+      break;
+    }
+    t.retry_page = 0;
+  }
+}
+
+// --rearm: a new interval. Stop every thread (so that none is between a fault
+// and its restore), make every opened page inaccessible again, resume.
+void Tracer::rearm_now() {
+  stop_world(0);
+  finish_retries();
+  // Inject from a thread stopped by our interrupt (nothing queued to finish).
+  pid_t tid = 0;
+  for (const auto& [id, t] : threads_)
+    if (t.stopped && t.queued.empty() && t.open == Thread::Open::kNone && t.redirect_slot < 0) {
+      tid = id;
+      break;
+    }
+  if (tid) {
+    // A thread stopped inside a system call whose pages we opened: leave this
+    // round to it (the pages are closed again when its call returns).
+    bool busy = false;
+    for (const auto& [id, t] : threads_) busy |= t.open != Thread::Open::kNone || t.redirect_slot >= 0;
+    if (!busy) {
+      if (auto r = protect_all(tid, true); !r)
+        std::fprintf(stderr, "memtrace-singlestep: rearm: %s\n", r.error().message.c_str());
+      else
+        report_.rearm_intervals++;
+    }
+  }
+  uint64_t step = static_cast<uint64_t>(opt_.rearm_ms * 1e6);
+  uint64_t now = now_ns();
+  next_rearm_ns_ += step;
+  if (next_rearm_ns_ <= now) next_rearm_ns_ = now + step;  // late: skip, do not catch up
 }
 
 // Unprotect the pages the instruction touches, single-step it, record, re-protect.

@@ -34,6 +34,7 @@ struct Options {
   int ready_fd = -1;                  // write one byte here once armed (C API)
   std::string track_allocs_from;      // --track-allocs-from FUNCTION
   uint64_t track_alloc_size = 0;      // --track-alloc-size N (0: any)
+  double rearm_ms = 0;                // --rearm MS: page mode (see Report::rearm_ms)
 };
 
 // Set from signal handlers; the tracer polls them.
@@ -79,6 +80,7 @@ class Tracer {
     user_regs_struct result_regs{}; // at its exit
     uint64_t open_lo = 0, open_len = 0;
     uint64_t stale_ip = 0, stale_addr = 0;  // last fault retried on an open page
+    uint64_t retry_page = 0, retry_ip = 0;  // --rearm: page restored, access not yet re-run
   };
   struct Page {
     int orig_prot = 0;
@@ -102,6 +104,10 @@ class Tracer {
   void add_thread(pid_t tid, bool stopped);
   void handle(pid_t tid, int status);
   void handle_fault(pid_t tid, uint64_t fault_addr);
+  void handle_page_access(pid_t tid, uint64_t fault_addr);  // --rearm
+  void rearm_now();                                          // --rearm
+  void finish_retries();                                     // --rearm
+  uint64_t next_rearm_ns_ = 0;
   void handle_syscall(pid_t tid);
   bool step_over(pid_t tid, user_regs_struct& regs, IpInfo& info, uint64_t fault_addr, uint64_t now);
   bool emulate(pid_t tid, user_regs_struct& regs, const Insn& insn, uint64_t now);
