@@ -51,12 +51,21 @@ struct {
 	__type(value, struct mt_target);
 } targets SEC(".maps");
 
+/* The allocator call in flight on a thread: task local storage (one
+ * pointer-chase from the task, no hashing, freed with the task) rather than
+ * a tid-keyed hash (W1: the hash update at entry alone cost ~130 ns per
+ * allocation). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32); /* tid */
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct mt_inflight);
 } inflight SEC(".maps");
+
+static __always_inline struct mt_inflight *inflight_get(__u64 create)
+{
+	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, create);
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -87,6 +96,18 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } counters SEC(".maps");
+
+/* In front of stacks_seen (per CPU, direct-mapped by id): ids this CPU
+ * recently found in stacks_seen or sent. A hit skips the LRU hash lookup;
+ * it only ever holds ids the loader has received, so it cannot make a
+ * stack go missing (a miss just asks stacks_seen). */
+#define MT_SENT_CACHE_ENTRIES 4096 /* power of 2 */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MT_SENT_CACHE_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} stacks_sent_cache SEC(".maps");
 
 #include "stack.bpf.h"
 
@@ -124,12 +145,13 @@ static __always_inline void fill_hdr(struct mt_hdr *h, __u32 kind, __u32 flags, 
 }
 
 /* Capture the current user stack, send it once, return its id (0: none). */
-static __always_inline __u64 take_stack(struct pt_regs *regs, int ret_at, __u32 *flags,
+static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __u32 *flags,
 					__u64 pid_tgid)
 {
 	__u32 zero = 0;
 	struct mt_stack *s;
-	__u64 id;
+	__u64 id, *sent;
+	__u32 slot;
 	__u8 one = 1;
 
 	if (!capture_stacks) {
@@ -139,16 +161,23 @@ static __always_inline __u64 take_stack(struct pt_regs *regs, int ret_at, __u32 
 	s = bpf_map_lookup_elem(&stack_scratch, &zero);
 	if (!s)
 		return 0;
-	*flags |= mt_capture_stack(regs, ret_at, s);
+	*flags |= mt_capture_stack(r, ret_at, s);
 	if (*flags & MT_F_STACK_TRUNCATED)
 		count(MT_C_STACK_TRUNCATED);
 	if (s->nr == 0) {
 		count(MT_C_STACK_EMPTY);
 		return 0;
 	}
-	id = mt_stack_hash(s);
-	if (bpf_map_lookup_elem(&stacks_seen, &id))
+	id = s->stack_id;
+	slot = (__u32)id & (MT_SENT_CACHE_ENTRIES - 1);
+	sent = bpf_map_lookup_elem(&stacks_sent_cache, &slot);
+	if (sent && *sent == id)
 		return id;
+	if (bpf_map_lookup_elem(&stacks_seen, &id)) {
+		if (sent)
+			*sent = id;
+		return id;
+	}
 	fill_hdr(&s->h, MT_EV_STACK, *flags, pid_tgid);
 	s->stack_id = id;
 	if (bpf_ringbuf_output(&events, s, sizeof(*s), rb_flags())) {
@@ -157,6 +186,8 @@ static __always_inline __u64 take_stack(struct pt_regs *regs, int ret_at, __u32 
 		return 0;
 	}
 	bpf_map_update_elem(&stacks_seen, &id, &one, BPF_ANY);
+	if (sent)
+		*sent = id;
 	return id;
 }
 
@@ -199,7 +230,6 @@ SEC("uprobe")
 int mt_alloc_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 role = cookie & 0xff;
 	int ret_at = (int)(cookie >> 8);
@@ -210,7 +240,7 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	if ((__u32)(pid_tgid >> 32) == self_pid)
 		return 0;
 
-	cur = bpf_map_lookup_elem(&inflight, &tid);
+	cur = inflight_get(0);
 	if (cur && cur->depth > 0) {
 		if (sp <= cur->sp) {
 			/* A public entry point called from inside another
@@ -260,7 +290,10 @@ int mt_alloc_enter(struct pt_regs *ctx)
 		rec.arg0 = PT_REGS_PARM1(ctx);
 		break;
 	}
-	rec.stack_id = take_stack(ctx, ret_at, &flags, pid_tgid);
+	{
+		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx)};
+		rec.stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
+	}
 	rec.flags = flags;
 
 	/* realloc(p, n), p != NULL: the old block dies now, before the
@@ -269,7 +302,11 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && rec.arg0)
 		emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
 
-	if (bpf_map_update_elem(&inflight, &tid, &rec, BPF_ANY))
+	if (!cur)
+		cur = inflight_get(BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (cur)
+		*cur = rec;
+	else
 		count(MT_C_INFLIGHT_FULL);
 	return 0;
 }
@@ -278,8 +315,7 @@ SEC("uretprobe")
 int mt_alloc_exit(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
-	struct mt_inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	struct mt_inflight *cur = inflight_get(0);
 	__u64 ret = PT_REGS_RC(ctx);
 	__u64 size, addr;
 	__u32 role;
@@ -333,7 +369,7 @@ int mt_alloc_exit(struct pt_regs *ctx)
 
 static __always_inline __u32 in_allocator(__u32 tid)
 {
-	struct mt_inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	struct mt_inflight *cur = inflight_get(0);
 	return cur && cur->depth > 0;
 }
 
@@ -346,9 +382,12 @@ static __always_inline void save_args(__u64 pid_tgid, __u64 a0, __u64 a1, __u64 
 		count(MT_C_SYSARGS_FULL);
 }
 
-static __always_inline struct pt_regs *user_regs(void)
+static __always_inline struct mt_uregs user_regs(void)
 {
-	return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	struct mt_uregs r = {
+		.ip = PT_REGS_IP_CORE(regs), .sp = PT_REGS_SP_CORE(regs), .bp = PT_REGS_FP_CORE(regs)};
+	return r;
 }
 
 SEC("tracepoint/syscalls/sys_enter_mmap")
@@ -410,18 +449,22 @@ int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	if (args.internal)
 		flags |= MT_F_ALLOCATOR_INTERNAL;
-	else if (!((__s32)args.a3 >= 0)) /* anonymous direct mapping: keep its stack */
-		stack_id = take_stack(user_regs(), MT_RET_UNKNOWN, &flags, pid_tgid);
-	else if (!(args.a1 & PROT_EXEC))
-		stack_id = take_stack(user_regs(), MT_RET_UNKNOWN, &flags, pid_tgid);
+	else if (!((__s32)args.a3 >= 0) || /* anonymous direct mapping: keep its stack */
+		 !(args.a1 & PROT_EXEC)) {
+		struct mt_uregs r = user_regs();
+		stack_id = take_stack(&r, MT_RET_UNKNOWN, &flags, pid_tgid);
+	}
 	emit(MT_EV_MMAP, flags, pid_tgid, ret, args.a0, 0, (args.a1 << 32) | (args.a2 & 0xffffffff),
 	     stack_id, 0, (__u32)args.a3);
 
-	/* A process waiting for its allocator mapped executable code: stop it
-	 * so that the loader can attach before that code runs. */
+	/* A process mapped executable code (its allocator, or a dlopen'd
+	 * library): stop it so that the loader attaches, reads the mapping for
+	 * symbolization and loads its unwind tables before that code runs, even
+	 * if the process exits right after. Not processes given by -p. */
 	if (stop_on_exec_mappings && (args.a1 & PROT_EXEC) && (__s32)args.a3 >= 0) {
 		struct mt_target *t = bpf_map_lookup_elem(&targets, &tgid);
-		if (t && t->state == MT_TS_PENDING)
+		if (t && (t->state == MT_TS_PENDING ||
+			  (t->state == MT_TS_TRACED && !(t->follow & MT_FOLLOW_NO_STOP))))
 			proc_event(MT_EV_LIBMAP, MT_F_STOPPED, pid_tgid, 0, 0, ret, args.a0);
 	}
 	return 0;
@@ -592,6 +635,11 @@ static __always_inline int child_returns(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 ppid = BPF_CORE_READ(task, real_parent, tgid);
+	/* The program the loader launches: already marked PENDING by the loader
+	 * before this first return; it waits for the loader and is stopped at
+	 * its exec. */
+	if (ppid == self_pid)
+		return 0;
 	if (t->state == MT_TS_SHARED_MM) {
 		proc_event(MT_EV_FORK, MT_F_VFORK, pid_tgid, ppid, 0, 0, 0);
 		return 0;
@@ -617,7 +665,7 @@ int BPF_PROG(mt_exit, struct task_struct *task, bool group_dead)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
 
-	bpf_map_delete_elem(&inflight, &tid);
+	/* inflight (task storage) goes with the task */
 	bpf_map_delete_elem(&sysargs, &tid);
 	if (!group_dead || tgid == self_pid)
 		return 0;
@@ -629,5 +677,88 @@ int BPF_PROG(mt_exit, struct task_struct *task, bool group_dead)
 	if (BPF_CORE_READ(sig, flags) & 0x4 /* SIGNAL_GROUP_EXIT */)
 		code = BPF_CORE_READ(sig, group_exit_code);
 	proc_event(MT_EV_EXIT, 0, pid_tgid, 0, code, 0, 0);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Page faults (--faults). The loader turns autoload off unless --faults is
+ * given, so without it this program is not even loaded. It is a BTF-typed
+ * (raw) tracepoint: no trace record is built for the event, the program is
+ * called with the tracepoint's arguments, and the first thing it does is the
+ * target lookup, so an untraced process pays one hash lookup per fault.
+ * ---------------------------------------------------------------------- */
+
+#define MT_PF_PROT 0x1
+#define MT_PF_WRITE 0x2
+#define MT_PF_INSTR 0x10
+#define MT_VM_READ 0x1
+#define MT_VM_WRITE 0x2
+#define MT_VM_EXEC 0x4
+
+struct mt_vma_check {
+	__u64 error_code;
+	__u32 flags;
+};
+
+/* x86 access_error(): a write needs VM_WRITE; any other access needs the VMA
+ * to be accessible at all (a read of a present page is a protection fault). */
+static long mt_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct mt_vma_check *c = data;
+	__u64 vm_flags = BPF_CORE_READ(vma, vm_flags);
+
+	if (c->error_code & MT_PF_WRITE) {
+		if (!(vm_flags & MT_VM_WRITE))
+			c->flags |= MT_F_FAULT_ACCESS_ERR;
+	} else if (c->error_code & MT_PF_INSTR) {
+		if (!(vm_flags & MT_VM_EXEC))
+			c->flags |= MT_F_FAULT_ACCESS_ERR;
+	} else if (!(vm_flags & (MT_VM_READ | MT_VM_WRITE | MT_VM_EXEC))) {
+		c->flags |= MT_F_FAULT_ACCESS_ERR;
+	}
+	return 0;
+}
+
+SEC("tp_btf/page_fault_user")
+int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigned long error_code)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	struct mt_vma_check c = {.error_code = error_code};
+	struct mt_event *e;
+	long err;
+
+	if (!system_wide) {
+		if (!bpf_map_lookup_elem(&targets, &tgid))
+			return 0;
+	} else if (tgid == self_pid) {
+		count(MT_C_FAULTS_FILTERED);
+		return 0;
+	}
+	if (error_code & MT_PF_WRITE)
+		c.flags |= MT_F_FAULT_WRITE;
+	if (error_code & MT_PF_INSTR)
+		c.flags |= MT_F_FAULT_INSTR;
+	err = bpf_find_vma(bpf_get_current_task_btf(), address, mt_vma_cb, &c, 0);
+	if (err == -2 /* ENOENT */)
+		c.flags |= MT_F_FAULT_NO_VMA;
+	else if (err) {
+		c.flags |= MT_F_FAULT_VMA_UNKNOWN;
+		count(MT_C_FAULT_VMA_BUSY);
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(MT_C_FAULT_RINGBUF_FULL);
+		return 0;
+	}
+	fill_hdr(&e->h, MT_EV_FAULT, c.flags, pid_tgid);
+	e->addr = address;
+	e->size = 0;
+	e->old_addr = BPF_CORE_READ(regs, ip);
+	e->old_size = error_code;
+	e->stack_id = 0;
+	e->role = 0;
+	e->aux = 0;
+	bpf_ringbuf_submit(e, rb_flags());
 	return 0;
 }

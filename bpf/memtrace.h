@@ -58,6 +58,13 @@ enum mt_kind {
 #define MT_F_FAULT_INSTR (1u << 5)
 #define MT_F_VFORK (1u << 6)              /* child shares the parent's mm */
 #define MT_F_THREAD (1u << 7)
+/* MT_EV_FAULT: the faulting VMA does not allow this access, so the kernel
+ * answers with SIGSEGV instead of mapping a page: a page made inaccessible by
+ * --rearm (memtrace-singlestep restores it and the access is retried), or a
+ * real crash. Set from bpf_find_vma at the fault. */
+#define MT_F_FAULT_ACCESS_ERR (1u << 8)
+#define MT_F_FAULT_NO_VMA (1u << 9)       /* no VMA at the address (SIGSEGV or stack growth) */
+#define MT_F_FAULT_VMA_UNKNOWN (1u << 10) /* VMA lookup not possible (mmap lock busy) */
 
 struct mt_hdr {
 	__u32 kind; /* enum mt_kind */
@@ -73,7 +80,8 @@ struct mt_event {
 	__u64 addr;     /* block / mapping / new brk / fault address */
 	__u64 size;     /* bytes requested / mapping length */
 	__u64 old_addr; /* realloc, mremap: previous address; fault: ip */
-	__u64 old_size; /* mremap: previous length; mmap: prot<<32 | flags; fault: error code */
+	__u64 old_size; /* mremap: previous length; mmap: prot<<32 | flags;
+			 * fault: x86 error code (bit 0 present/protection, 1 write, 2 user, 4 instr) */
 	__u64 stack_id; /* hash of frames (0: none), see MT_EV_STACK */
 	__u32 role;     /* enum mt_role for allocator events */
 	__u32 aux;      /* mmap: fd (or -1) */
@@ -105,9 +113,13 @@ enum mt_target_state {
 	MT_TS_SHARED_MM = 3,/* vfork child running on the parent's mm: traced through the parent */
 };
 
+#define MT_FOLLOW_CHILDREN 1 /* follow children */
+#define MT_FOLLOW_NO_STOP 2  /* a process given by -p: never stopped by BPF (its
+			      * parent, a shell maybe, did not start it under us) */
+
 struct mt_target {
 	__u32 state;
-	__u32 follow; /* follow children */
+	__u32 follow; /* MT_FOLLOW_* bits */
 };
 
 /* Per-thread state of an allocator call in flight (nested public calls from
@@ -142,7 +154,10 @@ enum mt_counter {
 	MT_C_STALE_INFLIGHT,    /* inflight record found stale (missed return) */
 	MT_C_SIGNAL_FAIL,       /* bpf_send_signal failed: process not stopped for attach */
 	MT_C_SYSARGS_FULL,
-	MT_C_FAULTS_FILTERED,   /* informational */
+	MT_C_FAULTS_FILTERED,   /* informational: faults of the loader itself (system-wide --faults) */
+	MT_C_FAULT_RINGBUF_FULL,/* fault records that did not fit the ring buffer */
+	MT_C_FAULT_VMA_BUSY,    /* fault recorded without its VMA check (mmap lock busy):
+				 * MT_F_FAULT_VMA_UNKNOWN, informational */
 	MT_C_COUNT,
 };
 
@@ -206,10 +221,12 @@ struct mt_unwind_mapping {
 	__u32 nr_rows;
 };
 
-/* unwind_procs map value, keyed by tgid; m[] sorted by start. */
+/* unwind_procs map value, keyed by tgid; m[] sorted by start. gen: unique
+ * per published value (never 0), so (gen, pc) names one row for as long as
+ * the value is in the map: the BPF side caches rows by it. */
 struct mt_unwind_proc {
 	__u32 nr;
-	__u32 pad;
+	__u32 gen;
 	struct mt_unwind_mapping m[MT_UNWIND_MAX_MAPPINGS];
 };
 

@@ -3,14 +3,17 @@
  * unwind_procs; the frame-pointer walk below for the others (and inside the
  * CFI walk wherever a pc has no table row). Included by memtrace.bpf.c.
  *
- * mt_capture_stack(regs, ret_at, out):
- *   regs    user registers at the probe (uprobe ctx, or bpf_task_pt_regs for
- *           tracepoints)
+ * mt_capture_stack(r, ret_at, out):
+ *   r       user ip, sp, rbp at the probe, read once by the caller (uprobe:
+ *           directly from ctx; tracepoints: from bpf_task_pt_regs). Each
+ *           PT_REGS_*_CORE read is a bpf_probe_read_kernel call (~30 ns).
  *   ret_at  where the probed function's return address lives: [rsp + ret_at]
  *           for an entry probe (0 at function+0, 8 after one push, ...);
  *           MT_RET_UNKNOWN when the probe is not at a function entry.
  *   out     per-CPU scratch struct mt_stack; out->nr and out->ips filled,
- *           innermost first; returns flags (MT_F_STACK_TRUNCATED, MT_F_NO_STACK).
+ *           innermost first, out->stack_id = mt_stack_hash(out) (the CFI walk
+ *           folds it in frame by frame); returns flags (MT_F_STACK_TRUNCATED,
+ *           MT_F_NO_STACK).
  */
 #ifndef MT_STACK_BPF_H
 #define MT_STACK_BPF_H
@@ -19,15 +22,26 @@
 
 #include "unwind.bpf.h"
 
-static __always_inline __u32 mt_capture_stack(struct pt_regs *regs, int ret_at,
+static __always_inline __u64 mt_stack_hash(const struct mt_stack *s)
+{
+	__u64 h = MT_HASH_SEED;
+	for (int i = 0; i < MT_MAX_FRAMES; i++) {
+		if (i >= s->nr)
+			break;
+		h = mt_hash_step(h, s->ips[i]);
+	}
+	return h ? h : 1;
+}
+
+static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_at,
 					      struct mt_stack *out)
 {
-	int cfi = mt_unwind_cfi(regs, ret_at, out);
+	int cfi = mt_unwind_cfi(r, ret_at, out);
 	if (cfi >= 0)
 		return (__u32)cfi;
 
-	__u64 sp = PT_REGS_SP_CORE(regs);
-	__u64 fp = PT_REGS_FP_CORE(regs);
+	__u64 sp = r->sp;
+	__u64 fp = r->bp;
 	__u32 n = 0;
 	__u32 flags = 0;
 
@@ -36,7 +50,7 @@ static __always_inline __u32 mt_capture_stack(struct pt_regs *regs, int ret_at,
 		if (bpf_probe_read_user(&ret, sizeof(ret), (void *)(sp + ret_at)) == 0 && ret)
 			out->ips[n++] = ret;
 	} else {
-		out->ips[n++] = PT_REGS_IP_CORE(regs);
+		out->ips[n++] = r->ip;
 	}
 
 	/* Frame-pointer chain: [fp] = caller's fp, [fp+8] = return address. */
@@ -63,20 +77,8 @@ static __always_inline __u32 mt_capture_stack(struct pt_regs *regs, int ret_at,
 	out->nr = n;
 	if (n == 0)
 		flags |= MT_F_NO_STACK;
+	out->stack_id = mt_stack_hash(out);
 	return flags;
-}
-
-static __always_inline __u64 mt_stack_hash(const struct mt_stack *s)
-{
-	__u64 h = 0xcbf29ce484222325ULL;
-	for (int i = 0; i < MT_MAX_FRAMES; i++) {
-		if (i >= s->nr)
-			break;
-		h ^= s->ips[i];
-		h *= 0x100000001b3ULL;
-		h ^= h >> 29;
-	}
-	return h ? h : 1;
 }
 
 #endif

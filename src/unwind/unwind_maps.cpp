@@ -144,6 +144,8 @@ Result<void> UnwindMaps::publish(pid_t pid) {
   std::sort(ms.begin(), ms.end(), [](const Mapping& a, const Mapping& b) { return a.start < b.start; });
   auto v = std::make_unique<mt_unwind_proc>();
   std::memset(v.get(), 0, sizeof(*v));
+  v->gen = ++gen_;  // never 0: BPF's row cache starts zeroed
+  if (v->gen == 0) v->gen = ++gen_;
   for (auto& m : ms) {
     if (v->nr >= MT_UNWIND_MAX_MAPPINGS) break;
     mt_unwind_mapping& o = v->m[v->nr++];

@@ -98,6 +98,7 @@ class UnwindMaps {
   std::map<const CfiTable*, Loaded> loaded_;
   std::map<pid_t, std::vector<Mapping>> procs_;
   size_t failed_ = 0;
+  uint32_t gen_ = 0;  // mt_unwind_proc.gen of the last published value
 };
 
 }  // namespace memtrace::unwind

@@ -51,7 +51,10 @@ int BPF_KPROBE(on_malloc, __u64 size)
 	s = bpf_map_lookup_elem(&scratch, &zero);
 	if (!s)
 		return 0;
-	flags = mt_capture_stack(ctx, 0, s);
+	{
+		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = PT_REGS_SP(ctx), .bp = PT_REGS_FP(ctx)};
+		flags = mt_capture_stack(&r, 0, s);
+	}
 	id = mt_stack_hash(s) ^ flags;
 	cnt = bpf_map_lookup_elem(&stack_counts, &id);
 	if (cnt) {
