@@ -74,6 +74,7 @@ void HeapModel::apply(const void* data, size_t len) {
       if (it != p.realloc_parked.end() && it->second.first == e.addr) {
         const Block& b = it->second.second;
         p.live.emplace(e.addr, b);
+        if (faults_) index_add(p, e.addr, b.size);
         p.s.in_use_bytes += b.size;
         p.s.in_use_blocks++;
         p.s.frees--;
@@ -106,7 +107,11 @@ void HeapModel::apply(const void* data, size_t len) {
     case MT_EV_BRK:
       p.s.brk_calls++;
       if (!p.s.brk_start) p.s.brk_start = e.addr;
+      if (faults_ && e.addr < p.s.brk_now) forget_pages(p, e.addr, p.s.brk_now - e.addr);
       p.s.brk_now = e.addr;
+      break;
+    case MT_EV_FAULT:
+      fault(p, e);
       break;
     default:
       malformed_++;
@@ -123,6 +128,12 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
     p.s.in_use_bytes -= it->second.size;
     p.s.in_use_blocks--;
     it->second = Block{e.size, e.stack_id, e.h.ts};
+  }
+  if (faults_) {
+    index_add(p, e.addr, e.size);
+    auto& site = p.alloc_sites[e.stack_id];
+    site.bytes += e.size;
+    site.blocks++;
   }
   p.s.in_use_bytes += e.size;
   p.s.in_use_blocks++;
@@ -141,6 +152,7 @@ void HeapModel::free_block(Process& p, const mt_event& e) {
   if (e.role == MT_ROLE_REALLOC || e.role == MT_ROLE_REALLOCARRAY)
     p.realloc_parked[e.h.tid] = {e.addr, it->second};
   p.live.erase(it);
+  if (faults_) index_del(p, e.addr);
 }
 
 void HeapModel::mmap(Process& p, const mt_event& e) {
@@ -151,15 +163,22 @@ void HeapModel::mmap(Process& p, const mt_event& e) {
   m.allocator = e.h.flags & MT_F_ALLOCATOR_INTERNAL;
   m.file = static_cast<int32_t>(e.aux) >= 0;
   m.prot = e.old_size >> 32;
+  m.flags = static_cast<uint32_t>(e.old_size);
   // MAP_FIXED over existing mappings replaces them.
   munmap(p, e.addr, e.size);
   (m.allocator ? p.s.mmap_bytes_allocator : p.s.mmap_bytes_direct) += e.size;
   (m.allocator ? p.s.mapped_now_allocator : p.s.mapped_now_direct) += e.size;
-  p.maps[e.addr] = m;
+  if (faults_ && !m.allocator && !m.file && m.stack_id) {
+    auto& site = p.alloc_sites[m.stack_id];
+    site.bytes += e.size;
+    site.blocks++;
+  }
+  p.maps[e.addr] = std::move(m);
 }
 
 void HeapModel::munmap(Process& p, uint64_t addr, uint64_t len) {
   if (!len) return;
+  if (faults_) forget_pages(p, addr, len);
   uint64_t end = addr + len;
   auto it = p.maps.upper_bound(addr);
   if (it != p.maps.begin()) --it;
@@ -195,6 +214,7 @@ void HeapModel::on_fork(pid_t parent, pid_t child) {
   c.comm = pp->comm;
   c.live = pp->live;
   c.maps = pp->maps;
+  if (faults_) c.live_index = pp->live_index;
   c.s.in_use_bytes = pp->s.in_use_bytes;
   c.s.in_use_blocks = pp->s.in_use_blocks;
   c.s.peak_in_use_bytes = pp->s.in_use_bytes;
@@ -209,9 +229,18 @@ void HeapModel::on_exit(pid_t pid, int code) {
   if (!p.exit_code) p.exit_code = code;
 }
 
-void HeapModel::on_exec(pid_t pid) {
+void HeapModel::on_exec(pid_t pid, uint64_t ts) {
   Process& p = process(pid);
+  // Page faults belong to the image that took them: start again.
+  p.exec_ts = ts;
+  p.exec_count++;
+  p.f = FaultCounts{};
+  p.fault_stacks.clear();
+  p.fault_regions.clear();
+  p.alloc_sites.clear();
   p.live.clear();
+  p.live_index.clear();
+  p.touched.clear();
   p.realloc_parked.clear();
   p.maps.clear();
   p.s.in_use_bytes = p.s.in_use_blocks = 0;
@@ -222,11 +251,155 @@ void HeapModel::on_exec(pid_t pid) {
 void HeapModel::clear(pid_t pid) {
   Process& p = process(pid);
   p.live.clear();
+  p.live_index.clear();
   p.realloc_parked.clear();
+  p.f = FaultCounts{};
+  p.fault_stacks.clear();
+  p.fault_regions.clear();
+  p.alloc_sites.clear();
   Summary fresh;
   fresh.brk_start = p.s.brk_start;
   fresh.brk_now = p.s.brk_now;
   p.s = fresh;
+}
+
+// ---------------------------------------------------------------- page faults
+
+const char* to_string(Hit h) {
+  switch (h) {
+    case Hit::Block: return "block";
+    case Hit::Mmap: return "mmap";
+    case Hit::AllocatorMap: return "allocator";
+    case Hit::Heap: return "heap";
+    case Hit::Stack: return "stack";
+    case Hit::ThreadStack: return "thread_stack";
+    case Hit::File: return "file";
+    case Hit::Anon: return "anon";
+    case Hit::Other: return "other";
+    case Hit::Unmapped: return "unmapped";
+  }
+  return "?";
+}
+
+std::string region_label(const FaultHit& h) {
+  switch (h.kind) {
+    case Hit::Heap: return "[heap]";
+    case Hit::Stack: return "[stack]";
+    case Hit::ThreadStack: return "[thread stack]";
+    case Hit::File: return h.path.empty() ? "file (path unknown)" : h.path;
+    case Hit::AllocatorMap: return "[allocator mmap, outside live blocks]";
+    case Hit::Mmap: return "[mmap]";
+    case Hit::Anon: return h.path.empty() ? "[anon]" : "[anon " + h.path + "]";
+    case Hit::Other: return h.path.empty() ? "[other]" : h.path;
+    case Hit::Unmapped: return "[unmapped]";
+    case Hit::Block: return "[block]";
+  }
+  return "?";
+}
+
+void HeapModel::enable_faults(RegionLookup lookup, FaultObserver observer) {
+  faults_ = true;
+  lookup_ = std::move(lookup);
+  observer_ = std::move(observer);
+  for (auto& [pid, p] : procs_)
+    for (const auto& [a, b] : p->live) index_add(*p, a, b.size);
+}
+
+void HeapModel::index_add(Process& p, uint64_t addr, uint64_t size) { p.live_index[addr] = addr + size; }
+void HeapModel::index_del(Process& p, uint64_t addr) { p.live_index.erase(addr); }
+
+void HeapModel::forget_pages(Process& p, uint64_t addr, uint64_t len) {
+  uint64_t lo = addr & ~4095ull, hi = (addr + len + 4095) & ~4095ull;
+  p.touched.erase(p.touched.lower_bound(lo), p.touched.lower_bound(hi));
+}
+
+FaultHit HeapModel::attribute(Process& p, uint64_t addr, uint64_t ts) {
+  FaultHit h;
+  // 1. A live block (the allocation it belongs to).
+  auto bi = p.live_index.upper_bound(addr);
+  if (bi != p.live_index.begin()) {
+    --bi;
+    if (addr < bi->second) {
+      auto lb = p.live.find(bi->first);
+      if (lb != p.live.end()) {
+        h.kind = Hit::Block;
+        h.start = bi->first;
+        h.end = bi->second;
+        h.stack_id = lb->second.stack_id;
+        return h;
+      }
+    }
+  }
+  // 2. A mapping seen while tracing.
+  auto mi = p.maps.upper_bound(addr);
+  if (mi != p.maps.begin()) {
+    --mi;
+    Mapping& m = mi->second;
+    if (addr < mi->first + m.len) {
+      h.start = mi->first;
+      h.end = mi->first + m.len;
+      h.stack_id = m.stack_id;
+      if (m.file) {
+        h.kind = Hit::File;
+        if (m.path.empty() && lookup_)
+          if (auto r = lookup_(p.pid, addr, ts); r && !r->path.empty()) m.path = r->path;
+        h.path = m.path;
+      } else if (m.allocator) {
+        h.kind = Hit::AllocatorMap;
+      } else if (m.flags & 0x20000 /* MAP_STACK */) {
+        h.kind = Hit::ThreadStack;
+      } else {
+        h.kind = Hit::Mmap;
+      }
+      return h;
+    }
+  }
+  // 3. The brk heap as far as we saw it grow.
+  if (p.s.brk_start && addr >= p.s.brk_start && addr < p.s.brk_now) {
+    h.kind = Hit::Heap;
+    h.start = p.s.brk_start;
+    h.end = p.s.brk_now;
+    return h;
+  }
+  // 4. What /proc/PID/maps says (mappings from before tracing, the stack).
+  if (lookup_)
+    if (auto r = lookup_(p.pid, addr, ts)) return *r;
+  return h;
+}
+
+void HeapModel::fault(Process& p, const mt_event& e) {
+  if (!faults_) return;
+  if (e.h.ts < p.exec_ts) {  // queued before the exec record was read: the old image's
+    faults_before_exec_++;
+    return;
+  }
+  FaultHit h = attribute(p, e.addr, e.h.ts);
+  bool write = e.h.flags & MT_F_FAULT_WRITE;
+  bool access_error = e.h.flags & MT_F_FAULT_ACCESS_ERR;
+  p.f.total++;
+  (write ? p.f.write : p.f.read)++;
+  if (e.h.flags & MT_F_FAULT_INSTR) p.f.instr++;
+  if (access_error) p.f.access_errors++;
+  // A fault answered with SIGSEGV makes nothing resident: not a first touch.
+  if (!access_error && h.kind != Hit::Unmapped) h.first_touch = p.touched.insert(e.addr & ~4095ull).second;
+  if (h.first_touch) p.f.pages_first_touched++;
+  SiteFaults* site;
+  if (h.kind == Hit::Block || (h.kind == Hit::Mmap && h.stack_id)) {
+    site = &p.fault_stacks[h.stack_id];
+    site->kind = h.kind;
+    auto lb = p.live.find(h.start);
+    if (lb != p.live.end() && !lb->second.touched) {
+      lb->second.touched = true;
+      auto as = p.alloc_sites.find(h.stack_id);
+      if (as != p.alloc_sites.end()) as->second.touched_blocks++;
+    }
+  } else {
+    site = &p.fault_regions[region_label(h)];
+  }
+  site->faults++;
+  if (h.first_touch) site->pages++;
+  (write ? site->writes : site->reads)++;
+  if (observer_) observer_(p, e, h);
 }
 
 }  // namespace memtrace::heap

@@ -7,7 +7,9 @@
 #include <unistd.h>
 #include <sys/sysmacros.h>
 
+#include <climits>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <mutex>
 #include <sstream>
@@ -55,29 +57,6 @@ void ProbeSet::reset() {
   links_.clear();
 }
 
-namespace {
-
-// What each role's BPF program reads: arguments (bit per register) and the
-// return address at [rsp] plus rbp for the frame-pointer walk.
-probes::Needs needs_of(uint32_t role) {
-  probes::Needs n;
-  switch (role) {
-    case MT_ROLE_FREE: n.arg_mask = 0x1; break;
-    case MT_ROLE_CALLOC: n.arg_mask = 0x3; break;
-    case MT_ROLE_REALLOC: n.arg_mask = 0x3; break;
-    case MT_ROLE_REALLOCARRAY: n.arg_mask = 0x7; break;
-    case MT_ROLE_POSIX_MEMALIGN: n.arg_mask = 0x5; break;
-    case MT_ROLE_ALIGNED_ALLOC:
-    case MT_ROLE_MEMALIGN: n.arg_mask = 0x2; break;
-    default: n.arg_mask = 0x1; break;
-  }
-  n.reads_rsp = true;
-  n.reads_rbp = true;
-  return n;
-}
-
-}  // namespace
-
 Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, const MapEntry& m) {
   auto key = std::make_pair(static_cast<uint64_t>(makedev(m.dev_major, m.dev_minor)), m.inode);
   auto it = objects_.find(key);
@@ -88,35 +67,49 @@ Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, c
     objects_[key] = nullptr;
     return elf.error();
   }
+  probes::DetectOptions dopt;
+  dopt.symbol_prefix = choice_.prefix;
   std::unique_ptr<AllocatorObject> obj;
-  auto malloc_sym = elf->find_function("malloc");
-  auto free_sym = elf->find_function("free");
-  if (malloc_sym && free_sym) {
+  if (auto a = probes::find_allocator_symbols(*elf, dopt)) {
     obj = std::make_unique<AllocatorObject>();
     obj->path = m.path;
     obj->dev = key.first;
     obj->inode = key.second;
-    obj->family = elf->find_function("__libc_malloc") ? "glibc" : "other";
-    std::map<uint64_t, std::string> by_addr;  // aliases share one probe
-    for (uint32_t role = 0; role < MT_ROLE_COUNT; role++) {
-      auto sym = elf->find_function(role_name(role));
-      if (!sym || sym->type == STT_GNU_IFUNC) continue;
+    obj->family = probes::family_name(a->family);
+    for (const auto& sym : a->symbols) {
       ProbeSite site;
-      site.role = role;
-      site.symbol = role_name(role);
-      site.file_offset = sym->file_offset;
-      site.vaddr = sym->vaddr;
-      site.retprobe = role != MT_ROLE_FREE;
-      auto [ai, fresh] = by_addr.emplace(sym->vaddr, site.symbol);
-      if (!fresh) site.alias_of = ai->second;
-      auto code = elf->read_vaddr(sym->vaddr, 64);
-      site.placement = probes::choose_entry_offset(code, sym->vaddr, needs_of(role));
+      site.role = static_cast<uint32_t>(sym.role);
+      site.symbol = sym.symbol;
+      site.file_offset = sym.file_offset;
+      site.vaddr = sym.vaddr;
+      site.placement = sym.placement;
+      site.retprobe = probes::has_return_probe(sym.role);
+      site.alias_of = sym.alias_of;
       obj->sites.push_back(std::move(site));
     }
+    obj->alloc = std::move(*a);
   }
   const AllocatorObject* raw = obj.get();
   objects_[key] = std::move(obj);
   return raw;
+}
+
+Result<const AllocatorObject*> Attacher::object_at(pid_t pid, const MapEntry& m) {
+  if (!m.exec() || !m.file() || m.path.find("/ld-linux") != std::string::npos || !object_matches(m.path))
+    return static_cast<const AllocatorObject*>(nullptr);
+  return analyze(openable_path(pid, m), m);
+}
+
+bool Attacher::object_matches(const std::string& path) const {
+  const std::string& want = choice_.object;
+  if (want.empty()) return true;
+  if (want.find('/') != std::string::npos) {
+    // /proc/PID/maps shows the file the symlink resolves to (libfoo.so.2 -> libfoo.so.2.1.0).
+    char real[PATH_MAX];
+    return path == want || (realpath(want.c_str(), real) && path == real);
+  }
+  std::string base = path.substr(path.rfind('/') + 1);
+  return base == want || base.rfind(want, 0) == 0;  // "libjemalloc.so" matches libjemalloc.so.2
 }
 
 Result<const AllocatorObject*> Attacher::find_allocator(pid_t pid, const std::vector<MapEntry>& maps,
@@ -130,6 +123,7 @@ Result<const AllocatorObject*> Attacher::find_allocator(pid_t pid, const std::ve
     const MapEntry& m = maps[i];
     if (!m.exec() || !m.file()) continue;
     if (m.path.find("/ld-linux") != std::string::npos) continue;
+    if (!object_matches(m.path)) continue;
     if (seen[{makedev(m.dev_major, m.dev_minor), m.inode}]) continue;
     seen[{makedev(m.dev_major, m.dev_minor), m.inode}] = true;
     auto r = analyze(openable_path(pid, m), m);
@@ -138,6 +132,11 @@ Result<const AllocatorObject*> Attacher::find_allocator(pid_t pid, const std::ve
       continue;
     }
     if (!*r) continue;
+    if (!choice_.object.empty() || choice_.prefix) {
+      // Named by the user: the first object that matches is the allocator.
+      if (where) *where = m;
+      return *r;
+    }
     if ((*r)->family == "glibc") {
       if (!glibc) glibc = *r, glibc_m = m;
     } else if (!other) {
@@ -214,7 +213,7 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
     eoff0.push_back(s.file_offset);
     ecookie0.push_back(s.role);
     if (s.retprobe) {
-      roff.push_back(s.file_offset);
+      roff.push_back(s.file_offset + probes::return_probe_offset(s.placement));
       rcookie.push_back(s.role);
     }
   }
@@ -237,19 +236,14 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
 
 std::string Attacher::explain(const AllocatorObject& obj) {
   std::ostringstream os;
-  os << obj.path << " (" << obj.family << ")\n";
-  for (const auto& s : obj.sites) {
-    char b[512];
-    if (!s.alias_of.empty()) {
-      snprintf(b, sizeof b, "  %-15s alias of %s (same address, one probe)\n", s.symbol.c_str(),
-               s.alias_of.c_str());
-    } else {
-      snprintf(b, sizeof b, "  %-15s +%-3" PRIu64 " %-28s %s%s\n", s.symbol.c_str(),
-               s.placement.offset, s.placement.insn.c_str(), s.placement.reason.c_str(),
-               s.retprobe ? "; return probe at +0" : "");
-    }
-    os << b;
-  }
+  os << probes::explain(obj.alloc, obj.path);
+  for (const auto& s : obj.sites)
+    if (s.retprobe && s.alias_of.empty())
+      os << "  " << s.symbol << " return probe at +" << probes::return_probe_offset(s.placement)
+         << (probes::return_probe_offset(s.placement) == s.placement.offset
+                 ? " (same instruction as the entry probe: one trap for both)"
+                 : " (the return address moved before the entry probe)")
+         << "\n";
   return os.str();
 }
 

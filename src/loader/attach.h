@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "elf/elf_file.h"
 #include "loader/procfs.h"
 #include "memtrace.h"
+#include "probes/allocators.h"
 #include "probes/probe_placement.h"
 
 struct bpf_link;
@@ -33,8 +35,16 @@ struct ProbeSite {
 struct AllocatorObject {
   std::string path;  // as in /proc/PID/maps
   uint64_t dev = 0, inode = 0;
-  std::string family;  // "glibc", ...
+  std::string family;  // "glibc", "jemalloc", ...
+  probes::Allocator alloc;  // symbols and placements (for --explain-probes)
   std::vector<ProbeSite> sites;
+};
+
+// bcc memleak's -O / -S: which object provides the allocator, and the prefix
+// of its symbols. Unset: found from each process's mappings.
+struct AllocatorChoice {
+  std::string object;                 // path or file name of the object (-O)
+  std::optional<std::string> prefix;  // symbol prefix (-S)
 };
 
 // Destroying a uprobe link waits for an RCU grace period in the kernel
@@ -55,6 +65,10 @@ class ProbeSet {
   ~ProbeSet() { reset(); }
   void reset();
   void add_fd(int link_fd) { links_.push_back(link_fd); }
+  void absorb(ProbeSet&& o) {  // o's links now detach with this set
+    links_.insert(links_.end(), o.links_.begin(), o.links_.end());
+    o.links_.clear();
+  }
   size_t size() const { return links_.size(); }
 
  private:
@@ -63,13 +77,18 @@ class ProbeSet {
 
 class Attacher {
  public:
-  Attacher(bpf_program* enter, bpf_program* exit) : enter_(enter), exit_(exit) {}
+  Attacher(bpf_program* enter, bpf_program* exit, AllocatorChoice choice = {})
+      : enter_(enter), exit_(exit), choice_(std::move(choice)) {}
 
   // The allocator object a process uses, from its mappings (not a hard-coded
   // path): the executable if it defines malloc, else a non-glibc allocator
   // library (jemalloc, tcmalloc, ... preloaded), else glibc. nullptr if none.
   Result<const AllocatorObject*> find_allocator(pid_t pid, const std::vector<MapEntry>& maps,
                                                 MapEntry* where);
+
+  // The allocator an executable file mapping provides, if any (analysed once
+  // per file). For a second allocator mapped after the first (dlopen).
+  Result<const AllocatorObject*> object_at(pid_t pid, const MapEntry& m);
 
   // Attach every probe of obj for pid (-1: every process that maps it).
   Result<ProbeSet> attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path);
@@ -85,8 +104,11 @@ class Attacher {
  private:
   Result<const AllocatorObject*> analyze(const std::string& open_path, const MapEntry& m);
 
+  bool object_matches(const std::string& path) const;
+
   bpf_program* enter_;
   bpf_program* exit_;
+  AllocatorChoice choice_;
   // (dev, inode) -> analysis; nullptr value: not an allocator.
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<AllocatorObject>> objects_;
   std::vector<std::string> notes_;  // kernel refused an offset, ...

@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "loader/faults.h"
+#include "loader/feature_cli.h"
 #include "loader/tracer.h"
 
 namespace {
@@ -12,20 +14,7 @@ namespace {
 // `memtrace-bpf track ...` is the byte-granular access capture of the
 // companion helper: run memtrace-singlestep from our own directory.
 int run_track(int argc, char** argv) {
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  std::string dir = ".";
-  if (n > 0) {
-    self[n] = 0;
-    dir = std::string(self);
-    dir = dir.substr(0, dir.rfind('/'));
-  }
-  std::string helper = dir + "/memtrace-singlestep";
-  if (access(helper.c_str(), X_OK) != 0) {
-    // Build tree layout: build/src/loader/memtrace-bpf, build/src/singlestep-helper/memtrace-singlestep
-    std::string alt = dir + "/../singlestep-helper/memtrace-singlestep";
-    if (access(alt.c_str(), X_OK) == 0) helper = alt;
-  }
+  std::string helper = memtrace::loader::singlestep_helper_path();
   std::vector<char*> args;
   args.push_back(const_cast<char*>(helper.c_str()));
   for (int i = 2; i < argc; i++) args.push_back(argv[i]);
@@ -39,6 +28,7 @@ int run_track(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "track") return run_track(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "replay") return memtrace::loader::run_replay(argc - 1, argv + 1);
 
   memtrace::loader::Options o;
   CLI::App app{
@@ -48,7 +38,8 @@ int main(int argc, char** argv) {
       "  memtrace-bpf -p PID [-p PID]    attach to running processes\n"
       "  memtrace-bpf -c COMM [-c COMM]  processes by command name, also ones started later\n"
       "  memtrace-bpf                    system-wide, until Ctrl-C or --duration\n"
-      "  memtrace-bpf track ...          byte-granular access capture (memtrace-singlestep)\n",
+      "  memtrace-bpf track ...          byte-granular access capture (memtrace-singlestep)\n"
+      "  memtrace-bpf replay FILE        the report of a --record FILE\n",
       "memtrace-bpf"};
   std::vector<int> pids;
   app.add_option("-p,--pid", pids, "Trace this process (repeatable); its children are followed");
@@ -60,6 +51,17 @@ int main(int argc, char** argv) {
   app.add_option("--top", o.top, "Leak groups shown per process (default 10)");
   bool no_stacks = false;
   app.add_flag("--no-stacks", no_stacks, "Do not capture call stacks");
+  std::string unwind = "cfi";
+  app.add_option("--unwind", unwind,
+                 "Stack unwinding: cfi (.eh_frame tables in BPF, complete stacks; default) or fp "
+                 "(frame pointers only, cheaper)")
+      ->check(CLI::IsMember({"cfi", "fp"}));
+  app.add_option("-O,--object", o.allocator.object,
+                 "Object that provides the allocator (path or file name, e.g. libjemalloc.so.2); "
+                 "default: found in each process's mappings");
+  std::string prefix;
+  auto* prefix_opt = app.add_option("-S,--symbol-prefix", prefix,
+                                    "Prefix of the allocator's symbols (e.g. je_ for je_malloc)");
   app.add_option("--ringbuf-mb", o.ringbuf_mb, "Ring buffer size in MiB (default 64)");
   app.add_option("--symbols", o.symbol_dirs,
                  "Directory with debug files (matched by build-id), searched first (repeatable)");
@@ -68,6 +70,15 @@ int main(int argc, char** argv) {
   app.add_flag("--explain-probes", o.explain_probes,
                "Print where each allocator probe is placed and why");
   app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit");
+  app.add_flag("--faults", o.faults,
+               "Trace user page faults and charge them to the block or mapping they hit (RSS by allocation site)");
+  app.add_flag("--trace-faults", o.trace_faults,
+               "Print one line per page fault (implies --faults); JSON lines with --format json");
+  app.add_option("--rearm", o.rearm_ms,
+                 "Every MS milliseconds make the --range pages fault again on their next access "
+                 "(implies --faults; one -p PID; runs memtrace-singlestep)");
+  app.add_option("--range", o.ranges, "START-END, or the ADDR of a live block, re-armed by --rearm (repeatable)");
+  memtrace::loader::add_feature_options(app, o.features);
   app.add_option("command", o.command, "Program and arguments to launch (after --)");
   try {
     app.parse(argc, argv);
@@ -75,6 +86,25 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   o.stacks = !no_stacks;
+  if (auto bad = memtrace::loader::check_feature_options(o.features, !o.command.empty()); !bad.empty()) {
+    std::cerr << "memtrace-bpf: " << bad << "\n";
+    return 2;
+  }
+  if (o.trace_faults || o.rearm_ms > 0) o.faults = true;
+  if (!o.ranges.empty() && o.rearm_ms <= 0) {
+    std::cerr << "memtrace-bpf: --range is for --rearm MS\n";
+    return 2;
+  }
+  if (o.rearm_ms > 0 && o.ranges.empty()) {
+    std::cerr << "memtrace-bpf: --rearm needs --range START-END (or --range ADDR of a live block)\n";
+    return 2;
+  }
+  if (o.rearm_ms > 0 && (pids.size() != 1 || !o.comms.empty() || !o.command.empty())) {
+    std::cerr << "memtrace-bpf: --rearm works on one running process: give exactly one -p PID\n";
+    return 2;
+  }
+  o.cfi = unwind == "cfi";
+  if (prefix_opt->count()) o.allocator.prefix = prefix;
   o.dwarf = !no_dwarf;
   for (int p : pids) {
     if (p <= 0) {

@@ -5,27 +5,42 @@ namespace memtrace::loader {
 void Resolver::capture(pid_t pid) {
   auto& as = spaces_[pid];
   if (!as) as = std::make_shared<symbolize::AddressSpace>();
-  (void)sym_.update(*as, pid);  // a process that is already gone keeps what we had
+  // A process that is already gone keeps what we had; one gone before its
+  // first capture has nothing: counted (its frames print "unknown").
+  if (!sym_.update(*as, pid) && as->mapping_count() == 0) never_captured_.insert(pid);
 }
 
 void Resolver::inherit(pid_t parent, pid_t child) {
-  // The child starts with the parent's mappings; capture() adds its own.
-  auto it = spaces_.find(parent);
+  // The child starts with the parent's mappings (captured now, while it is
+  // stopped at its first return). If it is already gone, or later exec's or
+  // unmaps, addresses of blocks it inherited are looked up in the parent's.
+  parent_[child] = parent;
   capture(child);
-  if (it == spaces_.end()) return;
 }
 
-std::vector<report::FrameOut> Resolver::resolve(pid_t pid, uint64_t addr, bool return_address) {
+std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const AddressSpaces& spaces,
+                                             const std::map<pid_t, pid_t>& parents, pid_t pid, uint64_t addr,
+                                             bool return_address, const char* missing) {
   std::vector<report::FrameOut> out;
-  auto it = spaces_.find(pid);
-  if (it == spaces_.end()) {
+  const symbolize::Symbolized* sp = nullptr;
+  for (pid_t p = pid, hops = 0; hops < 16; hops++) {
+    auto it = spaces.find(p);
+    if (it != spaces.end()) {
+      sp = &sym.symbolize(*it->second, addr, return_address);
+      if (sp->unknown != symbolize::Unknown::Unmapped) break;
+    }
+    auto pp = parents.find(p);
+    if (pp == parents.end()) break;
+    p = pp->second;
+  }
+  if (!sp) {
     report::FrameOut f;
     f.address = addr;
-    f.unknown = "process mappings never captured";
+    f.unknown = missing;
     out.push_back(f);
     return out;
   }
-  const symbolize::Symbolized& s = sym_.symbolize(*it->second, addr, return_address);
+  const symbolize::Symbolized& s = *sp;
   if (s.unknown != symbolize::Unknown::None || s.frames.empty()) {
     report::FrameOut f;
     f.address = addr;
@@ -42,10 +57,15 @@ std::vector<report::FrameOut> Resolver::resolve(pid_t pid, uint64_t addr, bool r
     f.module = fr.module;
     f.file = fr.file;
     f.line = fr.line;
+    f.column = fr.column;
     f.inlined = fr.inlined;
     out.push_back(std::move(f));
   }
   return out;
+}
+
+std::vector<report::FrameOut> Resolver::resolve(pid_t pid, uint64_t addr, bool return_address) {
+  return resolve_frames(sym_, spaces_, parent_, pid, addr, return_address, "process mappings never captured");
 }
 
 }  // namespace memtrace::loader

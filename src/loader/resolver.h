@@ -6,11 +6,21 @@
 
 #include <map>
 #include <memory>
+#include <set>
 
 #include "report/report.h"
 #include "symbolize/symbolize.h"
 
 namespace memtrace::loader {
+
+using AddressSpaces = std::map<pid_t, std::shared_ptr<symbolize::AddressSpace>>;
+
+// Frames for addr in pid's address space; a forked child's address not in
+// its own mappings (or a child never captured) is looked up in its parent's
+// (parents: child -> parent). missing: the reason when no space is known.
+std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const AddressSpaces& spaces,
+                                             const std::map<pid_t, pid_t>& parents, pid_t pid, uint64_t addr,
+                                             bool return_address, const char* missing);
 
 class Resolver {
  public:
@@ -26,7 +36,14 @@ class Resolver {
 
  private:
   symbolize::Symbolizer sym_;
-  std::map<pid_t, std::shared_ptr<symbolize::AddressSpace>> spaces_;
+  AddressSpaces spaces_;
+  std::map<pid_t, pid_t> parent_;
+  std::set<pid_t> never_captured_;
+
+ public:
+  // Processes that exited before their mappings could be read (system-wide
+  // mode does not stop new processes): their frames stay unsymbolized.
+  size_t never_captured() const { return never_captured_.size(); }  // fork: where a child's inherited blocks come from
 };
 
 }  // namespace memtrace::loader

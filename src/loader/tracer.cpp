@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -19,6 +20,7 @@ namespace {
 
 volatile sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
+void on_child(int) {}  // interrupts the ring-buffer poll: the exit is seen at once
 
 int event_cb(void* ctx, void* data, size_t len) {
   return static_cast<Tracer*>(ctx)->on_event(data, len);
@@ -45,12 +47,15 @@ const char* counter_name(int c) {
     case MT_C_SIGNAL_FAIL: return "stop_failed";
     case MT_C_SYSARGS_FULL: return "sysargs_map_full";
     case MT_C_FAULTS_FILTERED: return "faults_filtered";
+    case MT_C_FAULT_RINGBUF_FULL: return "fault_ringbuf";
+    case MT_C_FAULT_VMA_BUSY: return "fault_vma_unchecked";
   }
   return "?";
 }
 
 bool counter_is_loss(int c) {
-  return c != MT_C_NESTED && c != MT_C_FAULTS_FILTERED && c != MT_C_STACK_TRUNCATED;
+  return c != MT_C_NESTED && c != MT_C_FAULTS_FILTERED && c != MT_C_STACK_TRUNCATED &&
+         c != MT_C_FAULT_VMA_BUSY;
 }
 
 }  // namespace
@@ -63,6 +68,26 @@ Tracer::Tracer(Options o)
         return so;
       }()) {
   system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty();
+  if (o_.faults) {
+    maps_cache_ = std::make_unique<MapsCache>();
+    heap::FaultObserver observer;
+    if (o_.trace_faults) {
+      // Like the report: the launched program owns stdout.
+      fault_trace_ = std::make_unique<FaultTrace>(o_.command.empty() ? std::cout : std::cerr, o_.format == "json",
+                                                  resolver_, model_);
+      observer = [this](const heap::Process& p, const mt_event& e, const heap::FaultHit& h) {
+        // The launched child runs our own code until its exec: not the program's faults.
+        if (launcher_ && p.pid == launcher_->pid() && !p.exec_count) return;
+        fault_trace_->line(p, e, h);
+      };
+    }
+    model_.enable_faults(
+        [this](pid_t pid, uint64_t a, uint64_t ts) {
+          const heap::Process* p = model_.find(pid);
+          return maps_cache_->lookup(pid, a, ts, p ? p->exec_count : 0);
+        },
+        std::move(observer));
+  }
 }
 
 Tracer::~Tracer() { teardown(); }
@@ -106,6 +131,11 @@ Result<void> Tracer::load() {
   bpf_map__set_max_entries(skel_->maps.events, rb << 20);
   ro->wakeup_bytes = (rb << 20) / 8;
 
+  bool cfi = o_.stacks && o_.cfi;
+  skel_->rodata->unwind_disabled = !cfi;
+  if (!cfi) bpf_map__set_max_entries(skel_->maps.unwind_rows, 1);
+  // Not even loaded without --faults: costs nothing when off.
+  bpf_program__set_autoload(skel_->progs.mt_page_fault, o_.faults);
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit);
   if (int err = memtrace_bpf__load(skel_); err)
     return Error::sys("load BPF programs (is BPF available and are you root?)", -err);
@@ -118,14 +148,37 @@ Result<void> Tracer::load() {
   if (!rb_) return Error::sys("ring buffer");
   if (ring_buffer__add(rb_, bpf_map__fd(skel_->maps.events), event_cb, this) != 0)
     return Error::sys("ring buffer");
-  attacher_ = std::make_unique<Attacher>(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit);
+  // The events ring alone, drained from inside proc-event callbacks.
+  rb_events_ = ring_buffer__new(bpf_map__fd(skel_->maps.events), event_cb, this, nullptr);
+  if (!rb_events_) return Error::sys("ring buffer");
+  attacher_ = std::make_unique<Attacher>(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit,
+                                        o_.allocator);
+  if (cfi) {
+    auto u = unwind::UnwindMaps::create(skel_->maps.unwind_rows, skel_->maps.unwind_procs);
+    if (!u) return u.error();
+    unwind_ = std::move(*u);
+  }
   return {};
 }
 
 void Tracer::set_target_state(pid_t pid, uint32_t state, uint32_t follow) {
+  if (std::find(o_.pids.begin(), o_.pids.end(), pid) != o_.pids.end()) follow |= MT_FOLLOW_NO_STOP;
   mt_target t{state, follow};
   uint32_t key = pid;
   bpf_map_update_elem(bpf_map__fd(skel_->maps.targets), &key, &t, BPF_ANY);
+}
+
+// Unwind tables for pid's executable mappings (refreshes: also after exec,
+// dlopen). Failures leave the frame-pointer fallback; they are noted once.
+void Tracer::unwind_add(pid_t pid) {
+  if (!unwind_) return;
+  if (auto r = unwind_->add_process(pid); !r) {
+    if (!process_exists(pid)) {
+      unwind_gone_++;  // exited before its mappings were read: nothing left to unwind
+      return;
+    }
+    if (unwind_errors_++ < 5) errors_.push_back(r.error().message);
+  }
 }
 
 void Tracer::resume(pid_t pid) {
@@ -157,10 +210,42 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
   if (!set) return set.error();
   p.probes = std::move(*set);
   p.attached = true;
+  // The files already mapped are settled: a later mapping of a new file may
+  // bring a second allocator (attach_more_allocators).
+  for (const auto& m : *maps)
+    if (m.exec() && m.file()) p.objects.insert({makedev(m.dev_major, m.dev_minor), m.inode});
+  unwind_add(pid);
   set_target_state(pid, MT_TS_TRACED, 1);
   log("attached " + std::to_string(p.probes.size()) + " probes to pid " + std::to_string(pid) +
       " in " + where.path);
   return {};
+}
+
+// A traced process mapped new code (it is stopped): a library that is an
+// allocator of another family than the one attached (mimalloc dlopen'd by a
+// glibc program) gets its own probes too. glibc arriving after a preloaded
+// allocator does not: the program's calls go to the preloaded one.
+void Tracer::attach_more_allocators(pid_t pid) {
+  Proc& p = procs_[pid];
+  auto maps = read_maps(pid);
+  if (!maps) return;
+  for (const auto& m : *maps) {
+    if (!m.exec() || !m.file()) continue;
+    auto key = std::make_pair(static_cast<uint64_t>(makedev(m.dev_major, m.dev_minor)), m.inode);
+    if (!p.objects.insert(key).second) continue;
+    auto obj = attacher_->object_at(pid, m);
+    if (!obj || !*obj || (*obj)->family == "glibc") continue;
+    if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
+    auto set = attacher_->attach(**obj, pid, openable_path(pid, m));
+    if (!set) {
+      errors_.push_back(set.error().message);
+      attach_failures_++;
+      continue;
+    }
+    log("attached " + std::to_string(set->size()) + " more probes to pid " + std::to_string(pid) + " in " +
+        m.path);
+    p.probes.absorb(std::move(*set));
+  }
 }
 
 void Tracer::scan_system_allocators(pid_t only) {
@@ -169,6 +254,10 @@ void Tracer::scan_system_allocators(pid_t only) {
     if (pid == getpid()) continue;
     auto maps = read_maps(pid);
     if (!maps) continue;
+    if (only <= 0)
+      if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
+    resolver_.capture(pid);  // mappings for symbolization, while it lives
+    unwind_add(pid);
     MapEntry where;
     auto obj = attacher_->find_allocator(pid, *maps, &where);
     if (!obj || !*obj) continue;
@@ -232,11 +321,13 @@ int Tracer::on_event(void* data, size_t len) {
   if (len >= sizeof(mt_event)) {
     const auto* e = static_cast<const mt_event*>(data);
     // dlopen of new code: capture the mappings while the process lives.
-    if (e->h.kind == MT_EV_MMAP && ((e->old_size >> 32) & 0x4) && static_cast<int32_t>(e->aux) >= 0 &&
-        !system_wide_)
+    if (e->h.kind == MT_EV_MMAP && ((e->old_size >> 32) & 0x4) && static_cast<int32_t>(e->aux) >= 0) {
       resolver_.capture(e->h.pid);
+      unwind_add(e->h.pid);
+    }
   }
   model_.apply(data, len);
+  if (feat_) feat_->on_event(data, len);
   return 0;
 }
 
@@ -251,36 +342,48 @@ int Tracer::on_proc_event(void* data, size_t len) {
   switch (e.h.kind) {
     case MT_EV_EXEC:
       if (system_wide_) {
+        model_.on_exec(pid, e.h.ts);  // the old image's heap went with it
+        model_.process(pid).comm = comm;
+        resolver_.capture(pid);
         scan_system_allocators(pid);
         break;
       }
       log("exec pid " + std::to_string(pid) + " (" + comm + ")");
-      model_.on_exec(pid);
+      model_.on_exec(pid, e.h.ts);
       model_.process(pid).comm = comm;
       procs_[pid].probes.reset();  // the old image's probes went with its mm
+      procs_[pid].objects.clear();
       procs_[pid].attached = false;
+      unwind_add(pid);  // the new image (and ld.so) even before an allocator is mapped
       if (auto r = attach_process(pid, false); !r) {
         errors_.push_back(r.error().message);
         attach_failures_++;
       }
       break;
     case MT_EV_LIBMAP:
+      // Stopped: the new code's mapping and tables are in before it runs.
+      resolver_.capture(pid);
+      unwind_add(pid);
       if (!procs_[pid].attached) {
         if (auto r = attach_process(pid, false); !r) {
           errors_.push_back(r.error().message);
           attach_failures_++;
         }
+      } else {
+        attach_more_allocators(pid);
       }
       break;
     case MT_EV_FORK:
       log("fork " + std::to_string(e.ppid) + " -> " + std::to_string(pid));
       // Events of the parent from before the fork are already queued: apply
       // them so that the child inherits the right live blocks.
-      ring_buffer__consume(rb_);
+      ring_buffer__consume(rb_events_);  // not rb_: we are inside its callback
       model_.on_fork(e.ppid, pid);
+      resolver_.inherit(e.ppid, pid);
       model_.process(pid).comm = comm;
       if (e.h.flags & MT_F_VFORK) {
         procs_[pid].pid = pid;
+        unwind_add(pid);
         resolver_.capture(pid);
         break;  // runs on the parent's probes until it exec's
       }
@@ -296,12 +399,17 @@ int Tracer::on_proc_event(void* data, size_t len) {
         it->second.probes.reset();
         it->second.exited = true;
       }
+      if (unwind_) unwind_->remove_process(pid);
       if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) model_.on_exit(pid, e.exit_code);
       stopped_.erase(pid);
       break;
     }
   }
+  if (feat_) feat_->on_proc_event(data, len);  // before the resume: maps of a stopped process
   if (stopped) resume(pid);
+  // The launched program runs traced from here (benchmarks time this part).
+  if (launcher_ && pid == launcher_->pid() && procs_[pid].attached && !traced_since_)
+    traced_since_ = std::chrono::steady_clock::now();
   return 0;
 }
 
@@ -318,11 +426,37 @@ report::Drops Tracer::drops() {
   }
   uint64_t unknown = 0;
   for (const auto& [pid, p] : model_.processes()) unknown += p->s.unknown_frees;
+  // Frees of blocks never seen allocated: lost allocation events, or blocks
+  // from before the attach (-p), or glibc's own (a thread's tcache is
+  // allocated inside malloc and released through free at thread exit).
   d.dropped["unknown_free"] = unknown;
+  d.stats["mappings_not_captured"] = resolver_.never_captured();  // processes, not events
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
   d.stats["events"] = model_.event_count();
+  if (o_.faults) d.stats["faults_before_exec"] = model_.faults_before_exec();
+  if (traced_seconds_ >= 0) d.stats["launched_traced_us"] = static_cast<uint64_t>(traced_seconds_ * 1e6);
+  if (skel_ && unwind_) {
+    static const char* names[MT_UC_COUNT] = {
+        "unwind_stacks",        "unwind_frames_cfi",     "unwind_frames_fp",
+        "unwind_end_outermost", "unwind_end_zero",       "unwind_trunc_depth",
+        "unwind_trunc_no_table", "unwind_trunc_unsupported", "unwind_trunc_read",
+        "unwind_trunc_bad_frame"};
+    for (int c = 0; c < MT_UC_COUNT; c++) {
+      uint32_t key = c;
+      uint64_t sum = 0;
+      if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.unwind_counters), &key, vals.data()) == 0)
+        for (auto v : vals) sum += v;
+      d.stats[names[c]] = sum;
+    }
+    auto us = unwind_->stats();
+    d.stats["unwind_table_bytes"] = us.map_bytes;
+    d.stats["unwind_files"] = us.files;
+    d.stats["unwind_rows"] = us.rows;
+    d.dropped["unwind_table_failed"] = us.failed;
+    d.stats["unwind_process_gone"] = unwind_gone_;
+  }
   return d;
 }
 
@@ -340,6 +474,11 @@ void Tracer::teardown() {
     ring_buffer__free(rb_);
     rb_ = nullptr;
   }
+  if (rb_events_) {
+    ring_buffer__free(rb_events_);
+    rb_events_ = nullptr;
+  }
+  unwind_.reset();  // unmaps the rows array before the map goes
   if (skel_) {
     memtrace_bpf__destroy(skel_);
     skel_ = nullptr;
@@ -349,21 +488,34 @@ void Tracer::teardown() {
 void Tracer::report_final(int exit_code) {
   // Mark the launched program's status (from waitpid: exact).
   if (launcher_ && child_status_) model_.on_exit(launcher_->pid(), *child_status_);
+  // System-wide: processes forked (not exec'd) since the start were never
+  // named; those still alive are named now.
+  for (const auto& [pid, p] : model_.processes())
+    if (p->comm.empty())
+      if (auto c = read_comm(pid)) p->comm = *c;
   report::Options ro;
   ro.top = o_.top;
   ro.at_exit = true;
+  ro.include_idle = !system_wide_;  // a process the user named is reported even if quiet
   auto d = drops();
+  if (feat_) feat_->finish(d, errors_);
   std::ostream& os = out();
   if (o_.format == "json") {
     auto j = report::to_json(model_, resolver_.fn(), ro, d);
+    if (feat_) feat_->add_json(j);
     j["errors"] = errors_;
     j["notes"] = attacher_ ? attacher_->notes() : std::vector<std::string>{};
+    if (o_.rearm_ms > 0) j["rearm"] = rearm_report_;
     os << j.dump(2) << "\n";
   } else {
     report::write_text(os, model_, resolver_.fn(), ro, d);
+    if (feat_) feat_->write_text(os);
     for (const auto& e : errors_) os << "error: " << e << "\n";
     if (attacher_)
       for (const auto& n : attacher_->notes()) os << "note: " << n << "\n";
+    if (o_.rearm_ms > 0 && rearm_report_.contains("rearm"))
+      os << "REARM: every " << o_.rearm_ms << " ms, " << rearm_report_["rearm"]["intervals"] << " intervals, "
+         << rearm_report_["rearm"]["first_accesses"] << " first accesses restored by memtrace-singlestep\n";
   }
   os.flush();
 }
@@ -375,6 +527,10 @@ int Tracer::run() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
+  struct sigaction sc {};
+  sc.sa_handler = on_child;
+  sigemptyset(&sc.sa_mask);
+  sigaction(SIGCHLD, &sc, nullptr);
 
   if (!o_.output.empty()) {
     auto f = std::make_unique<std::ofstream>(o_.output);
@@ -392,6 +548,25 @@ int Tracer::run() {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";
     return 2;
   }
+  if (o_.features.any()) {  // --console --trace --live --dump-bytes --record (features.h)
+    FeatureContext fc;
+    fc.model = &model_;
+    fc.resolve = resolver_.fn();
+    fc.out = [this]() -> std::ostream& { return out(); };
+    fc.drops = [this] { return drops(); };
+    fc.drain = [this] { ring_buffer__consume(rb_); };
+    fc.json = o_.format == "json";
+    fc.top = o_.top;
+    fc.system_wide = system_wide_;
+    fc.include_idle = !system_wide_;
+    fc.command = o_.command;
+    std::string err;
+    feat_ = Features::create(o_.features, std::move(fc), &err);
+    if (!feat_) {
+      std::cerr << "memtrace-bpf: " << err << "\n";
+      return 2;
+    }
+  }
   if (auto r = setup_targets(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";
     // Whatever was captured so far is still reported.
@@ -403,11 +578,26 @@ int Tracer::run() {
     return code;
   }
 
+  if (auto r = start_rearm(); !r) {
+    std::cerr << "memtrace-bpf: " << r.error().message << "\n";
+    teardown();
+    return 2;
+  }
+  if (fault_trace_) fault_trace_->header();
+  if (o_.command.empty()) {
+    std::string what = system_wide_ ? "system-wide" : "";
+    if (!o_.pids.empty()) what += std::to_string(o_.pids.size()) + " process(es)";
+    if (!o_.comms.empty()) what += (what.empty() ? "" : " and ") + std::string("command names");
+    std::cerr << "memtrace-bpf: tracing " << what << "; Ctrl-C to stop\n";
+  }
   auto start = std::chrono::steady_clock::now();
   auto next_tick = start + std::chrono::duration<double>(o_.interval);
   int exit_code = 0;
   while (!g_stop) {
     int n = ring_buffer__poll(rb_, 50);
+    // --faults: drain at least every 50 ms, so that faults on mappings made
+    // before tracing are attributed from /proc/PID/maps while they exist.
+    if (o_.faults) ring_buffer__consume(rb_events_);
     if (n < 0 && n != -EINTR) {
       errors_.push_back(std::string("ring buffer poll: ") + strerror(-n));
       break;
@@ -417,6 +607,7 @@ int Tracer::run() {
       int st;
       if (launcher_->poll_exit(&st)) {
         child_status_ = st;
+        if (traced_since_) traced_seconds_ = std::chrono::duration<double>(now - *traced_since_).count();
         exit_code = Launcher::exit_code_of(st);
         break;
       }
@@ -427,6 +618,7 @@ int Tracer::run() {
       if (!any) break;
     }
     if (o_.duration > 0 && now - start >= std::chrono::duration<double>(o_.duration)) break;
+    if (feat_ && feat_->tick()) break;  // console 'quit' (or end of its input)
     if (o_.interval > 0 && now >= next_tick) {
       next_tick += std::chrono::duration<double>(o_.interval);
       ring_buffer__consume(rb_);
@@ -440,6 +632,7 @@ int Tracer::run() {
     exit_code = launcher_->poll_exit(&st) ? Launcher::exit_code_of(st) : 130;
     if (launcher_->poll_exit(&st)) child_status_ = st;
   }
+  stop_rearm();  // protections restored before the probes go
   // Detach uprobes and tracepoints, then drain what is left.
   for (auto& [pid, p] : procs_) p.probes.reset();
   system_probes_.clear();

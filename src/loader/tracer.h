@@ -16,9 +16,12 @@
 #include "common/result.h"
 #include "heap/heap_model.h"
 #include "loader/attach.h"
+#include "loader/faults.h"
+#include "loader/features.h"
 #include "loader/launcher.h"
 #include "loader/resolver.h"
 #include "report/report.h"
+#include "unwind/unwind_maps.h"
 
 struct memtrace_bpf;
 struct ring_buffer;
@@ -35,11 +38,19 @@ struct Options {
   std::string format = "text";
   size_t top = 10;
   bool stacks = true;
+  bool cfi = true;                   // --unwind cfi (default) | fp
+  AllocatorChoice allocator;         // -O / -S
   size_t ringbuf_mb = 64;
   std::vector<std::string> symbol_dirs;
   bool dwarf = true;
   bool explain_probes = false;
   bool verbose = false;
+  // Page faults (issue 6).
+  bool faults = false;               // --faults (also implied by the two below)
+  bool trace_faults = false;         // --trace-faults: one line per fault
+  double rearm_ms = 0;               // --rearm MS (with --range, one -p PID)
+  std::vector<std::string> ranges;   // --range START-END | ADDR
+  FeatureOptions features;           // --console --trace --live --dump-bytes --record (features.h)
 };
 
 class Tracer {
@@ -58,6 +69,7 @@ class Tracer {
   struct Proc {
     pid_t pid = 0;
     ProbeSet probes;
+    std::set<std::pair<uint64_t, uint64_t>> objects;  // (dev, inode) of files looked at for allocators
     bool attached = false;  // through its own probes, or system-wide ones
     bool exited = false;
   };
@@ -65,6 +77,7 @@ class Tracer {
   Result<void> load();
   Result<void> setup_targets();
   Result<void> attach_process(pid_t pid, bool required);
+  void attach_more_allocators(pid_t pid);
   void set_target_state(pid_t pid, uint32_t state, uint32_t follow);
   void resume(pid_t pid);
   void scan_system_allocators(pid_t only = -1);
@@ -77,7 +90,10 @@ class Tracer {
   Options o_;
   struct memtrace_bpf* skel_ = nullptr;
   struct ring_buffer* rb_ = nullptr;
+  struct ring_buffer* rb_events_ = nullptr;
   std::unique_ptr<Attacher> attacher_;
+  std::unique_ptr<unwind::UnwindMaps> unwind_;  // null: frame pointers only
+  void unwind_add(pid_t pid);
   heap::HeapModel model_;
   Resolver resolver_;
   std::map<pid_t, Proc> procs_;
@@ -88,8 +104,22 @@ class Tracer {
   std::unique_ptr<std::ostream> file_out_;
   std::vector<std::string> errors_;  // non-fatal, shown in the report
   uint64_t attach_failures_ = 0;
+  uint64_t unwind_errors_ = 0;
+  uint64_t unwind_gone_ = 0;
+  // Launch mode: from the resume after the allocator probes were attached
+  // to the program's exit (microseconds in the stats).
+  std::optional<std::chrono::steady_clock::time_point> traced_since_;
+  double traced_seconds_ = -1;
   bool system_wide_ = false;
   bool torn_down_ = false;
+  // --faults / --trace-faults / --rearm (src/loader/faults.h)
+  Result<void> start_rearm();
+  void stop_rearm();
+  std::unique_ptr<MapsCache> maps_cache_;
+  std::unique_ptr<FaultTrace> fault_trace_;
+  std::unique_ptr<RearmHelper> rearm_;
+  nlohmann::json rearm_report_;
+  std::unique_ptr<Features> feat_;  // features.h: null unless one is asked for
 };
 
 }  // namespace memtrace::loader

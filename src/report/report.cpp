@@ -11,7 +11,7 @@ namespace {
 
 bool active(const heap::Process& p) {
   return p.s.allocs || p.s.frees || p.s.in_use_blocks || p.s.failed_allocs || p.s.mmap_calls ||
-         p.s.unknown_frees;
+         p.s.unknown_frees || p.f.total;
 }
 
 std::string hex(uint64_t v) {
@@ -49,7 +49,165 @@ std::string describe(const FrameOut& f) {
   return s;
 }
 
+void write_frames_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, pid_t pid,
+                       uint64_t stack_id, const char* indent) {
+  bool trunc = false;
+  auto fs = frames_of(m, r, pid, stack_id, &trunc);
+  if (fs.empty()) os << indent << "(no stack)\n";
+  for (const auto& f : fs) os << indent << describe(f) << "\n";
+  if (trunc) os << indent << "... (stack truncated)\n";
+}
+
 }  // namespace
+
+nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+                           bool* trunc) {
+  using nlohmann::json;
+  json stack = json::array();
+  for (const auto& f : frames_of(m, r, pid, stack_id, trunc)) {
+    json jf = {{"address", hex(f.address)}, {"function", f.function}, {"module", f.module}};
+    jf["offset"] = f.offset;
+    if (!f.file.empty()) {
+      jf["file"] = f.file;
+      jf["line"] = f.line;
+      if (f.column) jf["column"] = f.column;
+    }
+    if (f.inlined) jf["inlined"] = true;
+    if (!f.unknown.empty()) jf["unknown"] = f.unknown;
+    stack.push_back(std::move(jf));
+  }
+  return stack;
+}
+
+std::vector<FaultSite> fault_sites(const heap::Process& p) {
+  std::vector<FaultSite> v;
+  for (const auto& [id, sf] : p.fault_stacks) {
+    FaultSite s{id, sf, {}};
+    if (auto it = p.alloc_sites.find(id); it != p.alloc_sites.end()) s.allocs = it->second;
+    v.push_back(s);
+  }
+  std::sort(v.begin(), v.end(), [](const FaultSite& a, const FaultSite& b) {
+    if (a.faults.pages != b.faults.pages) return a.faults.pages > b.faults.pages;
+    if (a.faults.faults != b.faults.faults) return a.faults.faults > b.faults.faults;
+    return a.stack_id < b.stack_id;
+  });
+  return v;
+}
+
+std::vector<FaultSite> alloc_sites_by_bytes(const heap::Process& p) {
+  std::vector<FaultSite> v;
+  for (const auto& [id, as] : p.alloc_sites) {
+    FaultSite s{id, {}, as};
+    if (auto it = p.fault_stacks.find(id); it != p.fault_stacks.end()) s.faults = it->second;
+    v.push_back(s);
+  }
+  std::sort(v.begin(), v.end(), [](const FaultSite& a, const FaultSite& b) {
+    return a.allocs.bytes != b.allocs.bytes ? a.allocs.bytes > b.allocs.bytes : a.stack_id < b.stack_id;
+  });
+  return v;
+}
+
+std::vector<std::pair<std::string, heap::SiteFaults>> fault_regions(const heap::Process& p) {
+  std::vector<std::pair<std::string, heap::SiteFaults>> v(p.fault_regions.begin(), p.fault_regions.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    if (a.second.pages != b.second.pages) return a.second.pages > b.second.pages;
+    if (a.second.faults != b.second.faults) return a.second.faults > b.second.faults;
+    return a.first < b.first;
+  });
+  return v;
+}
+
+void write_faults_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
+                       size_t top) {
+  const auto& f = p.f;
+  os << "PAGE FAULTS: " << f.total << " (read " << f.read << ", write " << f.write << ", instruction "
+     << f.instr << "), " << f.pages_first_touched << " pages first touched, " << f.access_errors
+     << " answered with SIGSEGV (--rearm pages or crashes)\n\n";
+  auto sites = fault_sites(p);
+  size_t n = std::min(sites.size(), top);
+  if (!sites.empty())
+    os << "RSS BY ALLOCATION SITE (pages first touched, by allocation stack; " << n << " of " << sites.size()
+       << ")\n\n";
+  for (size_t i = 0; i < n; i++) {
+    const auto& s = sites[i];
+    os << s.faults.pages << " pages touched in " << s.faults.faults << " faults (" << s.faults.reads << " read, "
+       << s.faults.writes << " write) by " << (s.faults.kind == heap::Hit::Mmap ? "mmap" : "blocks")
+       << " from this stack; " << s.allocs.bytes << " bytes allocated in " << s.allocs.blocks << " blocks\n";
+    write_frames_text(os, m, r, p.pid, s.stack_id, "    ");
+    os << "\n";
+  }
+  auto by_bytes = alloc_sites_by_bytes(p);
+  n = std::min(by_bytes.size(), top);
+  if (!by_bytes.empty())
+    os << "ALLOCATION SITES BY BYTES, WITH PAGES TOUCHED (" << n << " of " << by_bytes.size() << ")\n\n";
+  for (size_t i = 0; i < n; i++) {
+    const auto& s = by_bytes[i];
+    os << s.allocs.bytes << " bytes in " << s.allocs.blocks << " blocks, " << s.allocs.touched_blocks
+       << " touched, " << s.faults.pages << " pages touched"
+       << (s.faults.faults == 0 ? " (never touched)" : "") << "\n";
+    write_frames_text(os, m, r, p.pid, s.stack_id, "    ");
+    os << "\n";
+  }
+  auto regions = fault_regions(p);
+  if (!regions.empty()) os << "FAULTS BY MAPPING (outside live blocks)\n";
+  for (const auto& [label, sf] : regions)
+    os << "    " << sf.pages << " pages touched in " << sf.faults << " faults (" << sf.reads << " read, "
+       << sf.writes << " write): " << label << "\n";
+  if (!regions.empty()) os << "\n";
+}
+
+nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, size_t top) {
+  using nlohmann::json;
+  const auto& f = p.f;
+  json j = {{"total", f.total},
+            {"read", f.read},
+            {"write", f.write},
+            {"instruction", f.instr},
+            {"pages_first_touched", f.pages_first_touched},
+            {"access_errors", f.access_errors}};
+  json by_stack = json::array();
+  auto sites = fault_sites(p);
+  for (size_t i = 0; i < std::min(sites.size(), top); i++) {
+    const auto& s = sites[i];
+    bool trunc = false;
+    json st = frames_json(m, r, p.pid, s.stack_id, &trunc);
+    by_stack.push_back({{"pages", s.faults.pages},
+                        {"faults", s.faults.faults},
+                        {"reads", s.faults.reads},
+                        {"writes", s.faults.writes},
+                        {"kind", heap::to_string(s.faults.kind)},
+                        {"bytes_allocated", s.allocs.bytes},
+                        {"blocks", s.allocs.blocks},
+                        {"stack", std::move(st)},
+                        {"stack_truncated", trunc}});
+  }
+  j["by_stack"] = std::move(by_stack);
+  j["by_stack_total"] = sites.size();
+  json by_bytes = json::array();
+  auto bb = alloc_sites_by_bytes(p);
+  for (size_t i = 0; i < std::min(bb.size(), top); i++) {
+    const auto& s = bb[i];
+    bool trunc = false;
+    json st = frames_json(m, r, p.pid, s.stack_id, &trunc);
+    by_bytes.push_back({{"bytes", s.allocs.bytes},
+                        {"blocks", s.allocs.blocks},
+                        {"touched_blocks", s.allocs.touched_blocks},
+                        {"pages", s.faults.pages},
+                        {"faults", s.faults.faults},
+                        {"stack", std::move(st)},
+                        {"stack_truncated", trunc}});
+  }
+  j["by_bytes"] = std::move(by_bytes);
+  json by_mapping = json::array();
+  for (const auto& [label, sf] : fault_regions(p))
+    by_mapping.push_back({{"region", label},
+                          {"pages", sf.pages},
+                          {"faults", sf.faults},
+                          {"reads", sf.reads},
+                          {"writes", sf.writes}});
+  j["by_mapping"] = std::move(by_mapping);
+  return j;
+}
 
 std::vector<LeakGroup> leak_groups(const heap::Process& p) {
   std::unordered_map<uint64_t, LeakGroup> g;
@@ -58,6 +216,7 @@ std::vector<LeakGroup> leak_groups(const heap::Process& p) {
     lg.stack_id = b.stack_id;
     lg.bytes += b.size;
     lg.blocks++;
+    if (!b.touched) lg.untouched_blocks++;
   }
   std::vector<LeakGroup> v;
   v.reserve(g.size());
@@ -98,7 +257,10 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
     const heap::Process& p = *pp;
     if (!o.include_idle && !active(p)) continue;
     write_summary_text(os, p, o.at_exit);
-    if (!o.leaks) continue;
+    if (!o.leaks) {
+      if (m.faults_enabled()) write_faults_text(os, m, r, p, o.top);
+      continue;
+    }
     auto groups = leak_groups(p);
     size_t n = std::min(groups.size(), o.top);
     if (!groups.empty())
@@ -106,7 +268,9 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
          << groups.size() << ")\n\n";
     for (size_t i = 0; i < n; i++) {
       const auto& g = groups[i];
-      os << g.bytes << " bytes in " << g.blocks << " blocks were not freed\n";
+      os << g.bytes << " bytes in " << g.blocks << " blocks were not freed";
+      if (m.faults_enabled()) os << " (" << g.untouched_blocks << " never touched)";
+      os << "\n";
       bool trunc = false;
       auto fs = frames_of(m, r, pid, g.stack_id, &trunc);
       if (fs.empty()) os << "    (no stack)\n";
@@ -114,6 +278,7 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
       if (trunc) os << "    ... (stack truncated)\n";
       os << "\n";
     }
+    if (m.faults_enabled()) write_faults_text(os, m, r, p, o.top);
   }
   os << "DROPPED:";
   for (const auto& [k, v] : d.dropped) os << " " << k << "=" << v;
@@ -170,24 +335,15 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
       for (size_t i = 0; i < n; i++) {
         const auto& g = groups[i];
         bool trunc = false;
-        json stack = json::array();
-        for (const auto& f : frames_of(m, r, pid, g.stack_id, &trunc)) {
-          json jf = {{"address", hex(f.address)}, {"function", f.function}, {"module", f.module}};
-          jf["offset"] = f.offset;
-          if (!f.file.empty()) {
-            jf["file"] = f.file;
-            jf["line"] = f.line;
-          }
-          if (f.inlined) jf["inlined"] = true;
-          if (!f.unknown.empty()) jf["unknown"] = f.unknown;
-          stack.push_back(std::move(jf));
-        }
-        leaks.push_back({{"bytes", g.bytes}, {"blocks", g.blocks}, {"stack", stack},
-                         {"stack_truncated", trunc}});
+        json stack = frames_json(m, r, pid, g.stack_id, &trunc);
+        json jl = {{"bytes", g.bytes}, {"blocks", g.blocks}, {"stack", stack}, {"stack_truncated", trunc}};
+        if (m.faults_enabled()) jl["untouched_blocks"] = g.untouched_blocks;
+        leaks.push_back(std::move(jl));
       }
       jp["leak_groups_total"] = groups.size();
     }
     jp["leaks"] = std::move(leaks);
+    if (m.faults_enabled()) jp["faults"] = faults_json(m, r, p, o.top);
     procs.push_back(std::move(jp));
   }
   json j;

@@ -22,6 +22,7 @@ struct FrameOut {
   std::string module;
   std::string file;
   int line = 0;
+  int column = 0;  // 0: unknown
   bool inlined = false;
   std::string unknown;  // reason when nothing is known
 };
@@ -43,8 +44,25 @@ struct Drops {
 
 struct LeakGroup {
   uint64_t bytes = 0, blocks = 0, stack_id = 0;
+  uint64_t untouched_blocks = 0;  // no page fault landed in them (--faults)
 };
 std::vector<LeakGroup> leak_groups(const heap::Process& p);
+
+// Page faults by allocation stack (--faults): pages first touched, and the
+// bytes allocated from the same stack.
+struct FaultSite {
+  uint64_t stack_id = 0;
+  heap::SiteFaults faults;
+  heap::SiteAllocs allocs;
+};
+std::vector<FaultSite> fault_sites(const heap::Process& p);          // most pages first
+std::vector<FaultSite> alloc_sites_by_bytes(const heap::Process& p);  // most bytes first
+std::vector<std::pair<std::string, heap::SiteFaults>> fault_regions(const heap::Process& p);
+void write_faults_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
+                       size_t top);
+nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, size_t top);
+nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+                           bool* truncated);
 
 void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit);
 void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,

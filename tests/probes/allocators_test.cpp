@@ -85,14 +85,14 @@ TEST(Allocators, GlibcWithAWrongPrefixFindsNothing) {
 
 TEST(Allocators, NotAnAllocator) {
   auto e = open_lib("/lib/x86_64-linux-gnu/libm.so.6");
-  if (!e) GTEST_SKIP() << "no libm";
+  if (!e) MEMTRACE_SKIP_OR_FAIL("no libm");
   EXPECT_EQ(detect_family(*e), Family::kNone);
   EXPECT_FALSE(find_allocator_symbols(*e, opts()));
 }
 
 TEST(Allocators, Jemalloc) {
   auto e = open_lib("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-  if (!e) GTEST_SKIP() << "libjemalloc2 not installed";
+  if (!e) MEMTRACE_SKIP_OR_FAIL("libjemalloc2 not installed (scripts/deps.txt)");
   EXPECT_EQ(detect_family(*e), Family::kJemalloc);
   auto a = find_allocator_symbols(*e, opts());
   ASSERT_TRUE(a);
@@ -106,7 +106,7 @@ TEST(Allocators, Jemalloc) {
 
 TEST(Allocators, Tcmalloc) {
   auto e = open_lib("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
-  if (!e) GTEST_SKIP() << "libtcmalloc-minimal4 not installed";
+  if (!e) MEMTRACE_SKIP_OR_FAIL("libtcmalloc-minimal4 not installed (scripts/deps.txt)");
   EXPECT_EQ(detect_family(*e), Family::kTcmalloc);
   auto a = find_allocator_symbols(*e, opts());
   ASSERT_TRUE(a);
@@ -124,7 +124,7 @@ TEST(Allocators, Tcmalloc) {
 
 TEST(Allocators, Mimalloc) {
   auto e = open_lib("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
-  if (!e) GTEST_SKIP() << "libmimalloc2.0 not installed";
+  if (!e) MEMTRACE_SKIP_OR_FAIL("libmimalloc2.0 not installed (scripts/deps.txt)");
   EXPECT_EQ(detect_family(*e), Family::kMimalloc);
   auto a = find_allocator_symbols(*e, opts());
   ASSERT_TRUE(a);

@@ -1,0 +1,250 @@
+// `memtrace-bpf replay FILE`: the report of a --record file, symbolized
+// against the files on disk (matched by build-id where the recording has one).
+#include <sys/stat.h>
+
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "heap/heap_model.h"
+#include "loader/features.h"
+#include "loader/recording.h"
+#include "loader/resolver.h"
+#include "memtrace.h"
+#include "report/report.h"
+#include "symbolize/symbolize.h"
+
+namespace memtrace::loader {
+namespace {
+
+class ReplayResolver {
+ public:
+  explicit ReplayResolver(const symbolize::Options& o) : sym_(o), dirs_(o.symbol_dirs) {}
+
+  void add(pid_t pid, const nlohmann::json& m) {
+    std::string path = m.value("path", "");
+    uint64_t start = m.value("start", 0ull), end = m.value("end", 0ull), off = m.value("offset", 0ull);
+    if (!added_[pid].insert({start, end, off, path}).second) return;
+    auto& as = spaces_[pid];
+    if (!as) as = std::make_shared<symbolize::AddressSpace>();
+    if (path.empty() || path[0] != '/') return;  // anonymous code: left unknown
+    symbolize::MappingInfo mi;
+    mi.start = start;
+    mi.end = end;
+    mi.offset = off;
+    mi.dev = m.value("dev", 0ull);
+    mi.inode = m.value("inode", 0ull);
+    mi.perms = m.value("perms", "");
+    mi.path = path;
+    sym_.add_mapping(*as, mi, locate(path, m.value("build_id", ""), mi.dev, mi.inode));
+  }
+  void inherit(pid_t parent, pid_t child) { parent_[child] = parent; }
+
+  std::vector<report::FrameOut> resolve(pid_t pid, uint64_t addr, bool ret) {
+    return resolve_frames(sym_, spaces_, parent_, pid, addr, ret, "process mappings not in the recording");
+  }
+  report::Resolver fn() {
+    return [this](pid_t p, uint64_t a, bool r) { return resolve(p, a, r); };
+  }
+  const std::vector<std::string>& notes() const { return notes_; }
+
+ private:
+  // The file to read for a recorded mapping: one with the recorded build-id
+  // (--symbols DIR first, then the recorded path); without a build-id, the
+  // recorded path. "" (left unsymbolized) when missing or changed.
+  std::string locate(const std::string& path, const std::string& bid, uint64_t dev, uint64_t inode) {
+    auto memo = located_.find(path + "\n" + bid);
+    if (memo != located_.end()) return memo->second;
+    std::string base = path.substr(path.rfind('/') + 1);
+    std::vector<std::string> cands;
+    for (const auto& d : dirs_) {
+      if (bid.size() > 2) cands.push_back(d + "/.build-id/" + bid.substr(0, 2) + "/" + bid.substr(2));
+      cands.push_back(d + path);
+      cands.push_back(d + "/" + base);
+    }
+    cands.push_back(path);
+    std::string found, note;
+    struct stat st;
+    if (!bid.empty()) {
+      for (const auto& c : cands)
+        if (::stat(c.c_str(), &st) == 0 && S_ISREG(st.st_mode) && build_id_of(c) == bid) {
+          found = c;
+          break;
+        }
+      if (found.empty()) {
+        if (::stat(path.c_str(), &st) == 0)
+          note = path + " changed since the recording (build-id " + build_id_of(path) + ", recorded " + bid +
+                 "): its frames are left unsymbolized; give the original with --symbols DIR";
+        else
+          note = path + " (build-id " + bid + ") is missing: its frames are left unsymbolized; give it with --symbols DIR";
+      } else if (found != path) {
+        note = path + ": symbolized with " + found + " (same build-id)";
+      }
+    } else {
+      for (const auto& c : cands)
+        if (::stat(c.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+          found = c;
+          break;
+        }
+      if (found.empty())
+        note = path + " is missing (no build-id recorded): its frames are left unsymbolized";
+      else if (found == path && (static_cast<uint64_t>(st.st_ino) != inode || static_cast<uint64_t>(st.st_dev) != dev))
+        note = path + " has no build-id and is not the recorded file (device/inode differ): symbolized as is, "
+                      "frames may be wrong";
+    }
+    if (!note.empty()) notes_.push_back(note);
+    located_[path + "\n" + bid] = found.empty() ? "/nonexistent/" + base : found;
+    return located_[path + "\n" + bid];
+  }
+
+  symbolize::Symbolizer sym_;
+  std::vector<std::string> dirs_;
+  AddressSpaces spaces_;
+  std::map<pid_t, std::set<std::tuple<uint64_t, uint64_t, uint64_t, std::string>>> added_;
+  std::map<pid_t, pid_t> parent_;
+  std::map<std::string, std::string> located_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
+
+int replay(const ReplayOptions& o) {
+  symbolize::Options so;
+  so.symbol_dirs = o.symbol_dirs;
+  so.dwarf = o.dwarf;
+  ReplayResolver res(so);
+  heap::HeapModel model;
+  nlohmann::json meta, end;
+  bool system_wide = false;
+  uint64_t last_ts = 0, bad_proc = 0;
+  bool meta_seen = false;
+  auto on_meta = [&](const nlohmann::json& m) { system_wide = m.value("system_wide", false); };
+  auto rf = read_recording(o.file, on_meta, [&](RecType t, const std::vector<char>& p) {
+    switch (t) {
+      case REC_EVENT:
+        if (p.size() >= sizeof(mt_hdr)) {
+          mt_hdr h;
+          memcpy(&h, p.data(), sizeof h);
+          last_ts = std::max<uint64_t>(last_ts, h.ts);
+        }
+        model.apply(p.data(), p.size());
+        break;
+      case REC_PROC: {
+        if (p.size() < sizeof(mt_proc_event)) {
+          bad_proc++;
+          break;
+        }
+        mt_proc_event e;
+        memcpy(&e, p.data(), sizeof e);
+        pid_t pid = e.h.pid;
+        std::string comm(e.comm, strnlen(e.comm, sizeof e.comm));
+        // As the tracer applied them (Tracer::on_proc_event).
+        if (e.h.kind == MT_EV_EXEC && !system_wide) {
+          model.on_exec(pid);
+          model.process(pid).comm = comm;
+        } else if (e.h.kind == MT_EV_FORK) {
+          model.on_fork(e.ppid, pid);
+          res.inherit(e.ppid, pid);
+          model.process(pid).comm = comm;
+        } else if (e.h.kind == MT_EV_EXIT) {
+          if (e.exit_code >= 0 && (model.find(pid) || system_wide)) model.on_exit(pid, e.exit_code);
+        }
+        break;
+      }
+      case REC_MAPS: {
+        auto j = nlohmann::json::parse(p.begin(), p.end(), nullptr, false);
+        if (!j.is_object() || !j.contains("pid")) break;
+        pid_t pid = j["pid"].get<pid_t>();
+        for (const auto& m : j.value("maps", nlohmann::json::array())) res.add(pid, m);
+        break;
+      }
+      case REC_END:
+        end = nlohmann::json::parse(p.begin(), p.end(), nullptr, false);
+        break;
+    }
+  });
+  meta = rf.meta;
+  meta_seen = meta.is_object();
+  if (!meta_seen) {
+    std::cerr << "memtrace-bpf: replay: " << rf.error << "\n";
+    return 2;
+  }
+  if (end.is_object()) {
+    // The final state the tracer knew (comm from /proc, the launched program's waitpid status).
+    for (const auto& jp : end.value("processes", nlohmann::json::array())) {
+      heap::Process& p = model.process(jp["pid"].get<pid_t>());
+      p.comm = jp.value("comm", p.comm);
+      if (jp.value("ppid", 0)) p.ppid = jp["ppid"].get<pid_t>();
+      if (jp.value("exited", false)) {
+        p.exited = true;
+        if (jp["exit_status"].is_number()) p.exit_code = jp["exit_status"].get<int>();
+      }
+    }
+  }
+  report::Drops d;
+  if (end.is_object()) {
+    for (auto& [k, v] : end["dropped"].items()) d.dropped[k] = v.get<uint64_t>();
+    for (auto& [k, v] : end["stats"].items()) d.stats[k] = v.get<uint64_t>();
+  } else {
+    // What the recording itself says; the BPF-side counters were in the end record.
+    d.dropped["stack_record_missing"] = model.missing_stacks();
+    d.dropped["malformed"] = model.malformed_records() + bad_proc;
+    d.stats["events"] = model.event_count();
+  }
+  d.stats["replay_records"] = rf.records;
+
+  std::ofstream fo;
+  if (!o.output.empty()) {
+    fo.open(o.output);
+    if (!fo) {
+      std::cerr << "memtrace-bpf: cannot write " << o.output << ": " << strerror(errno) << "\n";
+      return 2;
+    }
+  }
+  std::ostream& os = o.output.empty() ? std::cout : fo;
+  report::Options ro;
+  ro.top = o.top;
+  ro.at_exit = true;
+  ro.include_idle = meta.value("include_idle", true);
+  LiveOptions lo;
+  lo.max = o.live_max;
+  lo.readable = false;
+  lo.now_ns = end.is_object() ? end.value("mono_ns", last_ts) : last_ts;
+  auto rfn = res.fn();
+  std::vector<std::string> errors;
+  if (end.is_object())
+    for (const auto& e : end.value("errors", nlohmann::json::array())) errors.push_back(e.get<std::string>());
+  if (o.format == "json") {
+    auto j = report::to_json(model, rfn, ro, d);
+    if (o.live)
+      for (auto& jp : j["processes"])
+        if (auto* p = model.find(jp["pid"].get<pid_t>())) add_live_json(jp, model, rfn, *p, lo);
+    j["errors"] = errors;
+    j["notes"] = res.notes();
+    j["replay"] = {{"file", o.file}, {"records", rf.records}, {"complete", rf.error.empty()}};
+    if (!rf.error.empty()) j["replay"]["error"] = rf.error;
+    if (meta.contains("command")) j["replay"]["command"] = meta["command"];
+    os << j.dump(2) << "\n";
+  } else {
+    report::write_text(os, model, rfn, ro, d);
+    if (o.live)
+      for (const auto& [pid, p] : model.processes())
+        if (!p->live.empty()) write_live_text(os, model, rfn, *p, lo);
+    for (const auto& e : errors) os << "error: " << e << "\n";
+    for (const auto& n : res.notes()) os << "note: " << n << "\n";
+    os << "REPLAY: " << o.file << ", " << rf.records << " records" << (rf.error.empty() ? "" : " (incomplete)")
+       << "\n";
+  }
+  os.flush();
+  if (!rf.error.empty()) {
+    std::cerr << "memtrace-bpf: replay: " << o.file << ": " << rf.error << "; read " << rf.records
+              << " records, reported what they hold\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace memtrace::loader
