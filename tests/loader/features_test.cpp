@@ -1,0 +1,463 @@
+// The capabilities of the older tools (seeds 001, 002, 004) on the real tool:
+// --console, --trace, --live/--dump-bytes, --record + replay. Counts are
+// compared exactly with what tests/targets/alloc_rounds says it did.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "harness.h"
+#include "test_env.h"
+
+using namespace memtrace::testing;
+using nlohmann::json;
+
+namespace {
+
+class Features : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MEMTRACE_REQUIRE_ROOT();
+    if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no BTF: BPF CO-RE unavailable");
+  }
+};
+
+void expect_no_losses(const json& rep) {
+  ASSERT_TRUE(rep.contains("dropped")) << rep.dump();
+  for (const char* k : {"ringbuf", "stack_ringbuf", "inflight_map_full", "stack_record_missing", "malformed",
+                        "missed_returns", "stop_failed"})
+    EXPECT_EQ(rep["dropped"][k].get<long>(), 0) << k << " in " << rep["dropped"].dump();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  int code = -1;
+  std::string out, err, file;
+};
+
+// memtrace-bpf ARGS to completion, stdin closed; the -o file's content in .file.
+Result run(std::vector<std::string> args, const std::string& outfile = "") {
+  std::vector<std::string> argv = {tool()};
+  if (!outfile.empty()) {
+    argv.push_back("-o");
+    argv.push_back(outfile);
+  }
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child c = spawn(argv);
+  close(c.in);
+  Result r;
+  std::thread t([&] { r.err = read_all(c.err); });
+  r.out = read_all(c.out);
+  t.join();
+  r.code = wait_exit(c.pid);
+  close(c.out);
+  close(c.err);
+  if (!outfile.empty()) {
+    r.file = slurp(outfile);
+    unlink(outfile.c_str());
+  }
+  return r;
+}
+
+long count_of(const std::string& s, const std::string& needle) {
+  long n = 0;
+  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) n++;
+  return n;
+}
+
+// A target waiting at "ready" with the tool attached by -p and a console.
+struct Session {
+  Child t, m;
+  std::string tout, mout, merr;
+  PerRound per;
+  bool start(long rounds, std::vector<std::string> extra) {
+    t = spawn({target("alloc_rounds"), "--wait", "--rounds", std::to_string(rounds)});
+    if (!read_until(t.out, "ready", &tout)) return false;
+    std::vector<std::string> argv = {tool(), "-p", std::to_string(t.pid), "--console"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    m = spawn(argv);
+    if (!read_until(m.err, "tracing", &merr)) return false;
+    if (write(t.in, "\n", 1) != 1) return false;  // the rounds run, traced
+    if (!read_until(t.out, "per_round", &tout) || !read_until(t.out, "\n", &tout)) return false;
+    per = parse_per_round(tout);
+    return true;
+  }
+  // Sends a console command; returns the output up to `until`.
+  std::string cmd(const std::string& c, const std::string& until) {
+    mout.clear();
+    EXPECT_EQ(write(m.in, (c + "\n").data(), c.size() + 1), static_cast<ssize_t>(c.size() + 1));
+    EXPECT_TRUE(read_until(m.out, until, &mout)) << c << ": " << mout << merr;
+    return mout;
+  }
+  void finish() {
+    if (t.pid > 0) {
+      if (write(t.in, "\n", 1) != 1) {}
+      wait_exit(t.pid);
+      t.pid = -1;
+    }
+  }
+  ~Session() {
+    finish();
+    if (m.pid > 0) {
+      kill(m.pid, SIGTERM);
+      wait_exit(m.pid);
+    }
+  }
+};
+
+long field(const std::string& s, const std::string& re) {
+  std::smatch mm;
+  if (!std::regex_search(s, mm, std::regex(re))) return -1;
+  return std::stol(mm[1]);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ console
+
+TEST_F(Features, ConsoleRefusedInLaunchMode) {
+  Result r = run({"--console", "--", target("alloc_rounds")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--console reads commands from stdin, which belongs to the launched program"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "\n"), 1) << r.err;  // one line
+}
+
+TEST_F(Features, ConsoleStatusLiveClearMonitorReportQuit) {
+  const long R = 30;
+  Session s;
+  ASSERT_TRUE(s.start(R, {})) << s.tout << s.merr;
+  ASSERT_GT(s.per.allocs, 0);
+
+  // status: seed 004's words, exact counts of what ran after the attach.
+  std::string st = s.cmd("status", "total heap usage");
+  EXPECT_NE(st.find("HEAP SUMMARY"), std::string::npos) << st;
+  EXPECT_EQ(field(st, R"(total heap usage: (\d+) allocs)"), R * s.per.allocs) << st;
+  EXPECT_EQ(field(st, R"(allocs, (\d+) frees)"), R * s.per.frees) << st;
+  EXPECT_EQ(field(st, R"(frees, (\d+) bytes allocated)"), R * s.per.bytes) << st;
+  EXPECT_EQ(field(st, R"(in use: (\d+) bytes)"), R * s.per.leaked_bytes) << st;
+  EXPECT_EQ(field(st, R"(bytes in (\d+) blocks)"), R * s.per.leaked_blocks) << st;
+  EXPECT_EQ(st.find("> "), std::string::npos) << "no prompt when stdin is not a TTY: " << st;
+
+  // live: every live block, grouped by stack (the R leaks of leak_here).
+  std::string lv = s.cmd("live", "\n\n");
+  EXPECT_NE(lv.find("LIVE BLOCKS for pid " + std::to_string(s.t.pid)), std::string::npos) << lv;
+  EXPECT_NE(lv.find(std::to_string(R * 33) + " bytes in " + std::to_string(R) + " blocks from stack"),
+            std::string::npos)
+      << lv;
+  EXPECT_NE(lv.find("leak_here"), std::string::npos) << lv;
+  EXPECT_EQ(count_of(lv, "  33 bytes  age "), R) << lv;
+
+  // report: the full report with leaks by stack.
+  std::string rp = s.cmd("report", "DROPPED:");
+  EXPECT_NE(rp.find(std::to_string(R * 33) + " bytes in " + std::to_string(R) + " blocks were not freed"),
+            std::string::npos)
+      << rp;
+
+  // clear: counters and live blocks forgotten.
+  EXPECT_NE(s.cmd("clear", "Clearing").find("Clearing list of allocations"), std::string::npos);
+  st = s.cmd("status", "total heap usage");
+  EXPECT_NE(st.find("in use: 0 bytes in 0 blocks"), std::string::npos) << st;
+  EXPECT_NE(st.find("total heap usage: 0 allocs, 0 frees, 0 bytes allocated"), std::string::npos) << st;
+  EXPECT_NE(s.cmd("live", "\n").find("no live blocks"), std::string::npos);
+
+  // monitor 1: a summary now and one a second; monitor 0 stops them.
+  s.cmd("monitor 1", "total heap usage");
+  std::string mon = s.mout;
+  read_until(s.m.out, "XXX-never", &mon, 2600);  // collects for 2.6 s
+  EXPECT_GE(count_of(mon, "HEAP SUMMARY"), 3) << mon;
+  s.cmd("monitor 0", "Stop monitoring");
+  std::string after;
+  read_until(s.m.out, "XXX-never", &after, 1500);
+  EXPECT_EQ(count_of(after, "HEAP SUMMARY"), 0) << after;
+
+  EXPECT_NE(s.cmd("help", "clear").find("monitor N"), std::string::npos);
+  EXPECT_NE(s.cmd("frobnicate", "help").find("unknown command"), std::string::npos);
+
+  // quit: detach, print the final report, exit 0; the target keeps running.
+  ASSERT_EQ(write(s.m.in, "quit\n", 5), 5);
+  std::string rest = read_all(s.m.out);
+  EXPECT_EQ(wait_exit(s.m.pid), 0) << s.merr;
+  s.m.pid = -1;
+  EXPECT_NE(rest.find("Detaching"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("in use at exit: 0 bytes in 0 blocks"), std::string::npos) << rest;
+  EXPECT_EQ(kill(s.t.pid, 0), 0);  // still alive, waiting for its line
+  s.finish();
+}
+
+TEST_F(Features, ConsoleLiveDumpBytesMatchProcessMemory) {
+  const long R = 5;
+  Session s;
+  ASSERT_TRUE(s.start(R, {"--dump-bytes", "16"})) << s.tout << s.merr;
+  std::string lv = s.cmd("live", "\n\n");
+  // "    0xADDR  33 bytes  age ..." then "      0000  xx xx ... |....|"
+  std::regex blk(R"(    (0x[0-9a-f]+)  (\d+) bytes  age [0-9.]+s\n      0000 ((?: +[0-9a-f]{2})+))");
+  int fd = open(("/proc/" + std::to_string(s.t.pid) + "/mem").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  long checked = 0;
+  for (auto it = std::sregex_iterator(lv.begin(), lv.end(), blk); it != std::sregex_iterator(); ++it) {
+    uint64_t addr = std::stoull((*it)[1], nullptr, 16);
+    size_t n = std::min<size_t>(16, std::stoul((*it)[2]));
+    unsigned char b[16];
+    ASSERT_EQ(pread(fd, b, n, static_cast<off_t>(addr)), static_cast<ssize_t>(n));
+    std::string want;
+    char h[8];
+    for (size_t i = 0; i < n; i++) {
+      if (i == 8) want += ' ';
+      snprintf(h, sizeof h, " %02x", b[i]);
+      want += h;
+    }
+    std::string got = (*it)[3];
+    EXPECT_EQ(got.substr(0, want.size()), want) << lv;
+    checked++;
+  }
+  close(fd);
+  EXPECT_EQ(checked, R) << lv;  // the R leaked blocks (all live blocks since the attach)
+  s.finish();                   // the target exits: the tool ends by itself
+  EXPECT_EQ(wait_exit(s.m.pid), 0);
+  s.m.pid = -1;
+}
+
+// ------------------------------------------------------------------ --trace
+
+TEST_F(Features, TraceJsonLinesMatchTheReportExactly) {
+  const long R = 25;
+  std::string f = tmpfile("trace");
+  Result r = run({"--trace", "--format", "json", "--", target("alloc_rounds"), "--rounds", std::to_string(R)}, f);
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Trace lines first, then the report.
+  std::istringstream in(r.file);
+  std::string line, rest;
+  std::map<long, std::map<std::string, long>> per_pid;
+  long lines = 0, leak_lines = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("{\"trace\":", 0) != 0) {
+      rest += line + "\n";
+      continue;
+    }
+    json t = json::parse(line)["trace"];
+    lines++;
+    auto& c = per_pid[t["pid"].get<long>()];
+    std::string ev = t["event"];
+    for (const char* k : {"time", "comm", "pid", "tid", "event", "address", "caller"})
+      EXPECT_TRUE(t.contains(k)) << k << " in " << line;
+    if (ev == "free" || ev.rfind("free(", 0) == 0) {
+      c["frees"]++;
+    } else if (ev.find("-failed") != std::string::npos) {
+      c["failed"]++;
+    } else if (ev == "mmap") {
+      if (!t.value("allocator_internal", false)) c["mmap_direct"] += t["size"].get<long>();
+    } else if (ev == "munmap" || ev == "brk" || ev == "mremap") {
+    } else {
+      c["allocs"]++;
+      c["bytes"] += t["size"].get<long>();
+      if (ev == "realloc") {
+        EXPECT_TRUE(t.contains("old_address")) << line;
+      }
+      if (t["size"] == 33 && t["caller"].is_object() && t["caller"]["function"] == "leak_here") leak_lines++;
+    }
+  }
+  json rep = json::parse(rest, nullptr, false);
+  ASSERT_TRUE(rep.is_object()) << rest.substr(0, 2000);
+  PerRound per = parse_per_round(r.out);
+  const json* p = find_comm(rep, "alloc_rounds");
+  ASSERT_TRUE(p) << rep.dump();
+  auto& c = per_pid[(*p)["pid"].get<long>()];
+  EXPECT_EQ(c["allocs"], u(*p, "allocs"));
+  EXPECT_EQ(c["frees"], u(*p, "frees"));
+  EXPECT_EQ(c["bytes"], u(*p, "bytes_allocated"));
+  EXPECT_EQ(c["failed"], u(*p, "failed_allocs"));
+  EXPECT_EQ(c["mmap_direct"], u(*p, "mmap_bytes_direct"));
+  EXPECT_EQ(leak_lines, R + 1);  // the rounds and the prologue's round
+  EXPECT_EQ(rep["trace"]["lines"].get<long>(), lines);
+  EXPECT_EQ(rep["trace"]["write_errors"].get<long>(), 0);
+  EXPECT_GE(u(*p, "allocs"), R * per.allocs);
+  expect_no_losses(rep);
+}
+
+TEST_F(Features, TraceTextLineNamesTheCaller) {
+  Result r = run({"--trace", "--", target("alloc_rounds"), "--rounds", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Launch mode: the program owns stdout; trace and report go to stderr.
+  EXPECT_NE(r.err.find("TRACE time comm pid tid event address size old_address caller"), std::string::npos);
+  std::regex leak(R"(\d\d:\d\d:\d\d\.\d{6} alloc_rounds \d+ \d+ malloc 0x[0-9a-f]+ 33 - 0x[0-9a-f]+ leak_here\+0x)");
+  EXPECT_TRUE(std::regex_search(r.err, leak)) << r.err.substr(0, 4000);
+  std::regex realloc(R"( realloc 0x[0-9a-f]+ 5000 0x[0-9a-f]+ 0x[0-9a-f]+ one_round\+0x)");
+  EXPECT_TRUE(std::regex_search(r.err, realloc)) << r.err.substr(0, 4000);
+}
+
+// ------------------------------------------------------------------ --live
+
+TEST_F(Features, LiveBlocksInTheFinalReportCappedAndGoneProcess) {
+  const long R = 20;
+  ToolRun all = run_tool({"--live", "--dump-bytes", "8", "--", target("alloc_rounds"), "--rounds", std::to_string(R)});
+  ASSERT_EQ(all.code, 0) << all.err;
+  const json* p = find_comm(all.report, "alloc_rounds");
+  ASSERT_TRUE(p) << all.report.dump();
+  ASSERT_TRUE(p->contains("live")) << p->dump();
+  EXPECT_EQ((*p)["live_total"].get<long>(), u(*p, "in_use_blocks"));
+  EXPECT_EQ((long)(*p)["live"].size(), u(*p, "in_use_blocks"));
+  EXPECT_EQ((*p)["live_omitted"], 0);
+  long leaks = 0, sum = 0;
+  for (const auto& b : (*p)["live"]) {
+    sum += b["size"].get<long>();
+    EXPECT_EQ(b["address"].get<std::string>().rfind("0x", 0), 0u);
+    EXPECT_EQ(b["bytes_error"], "process gone") << b.dump();  // the program has exited
+    if (b["size"] == 33 && !b["stack"].empty() && b["stack"][0]["function"] == "leak_here") leaks++;
+  }
+  EXPECT_EQ(sum, u(*p, "in_use_bytes"));
+  EXPECT_EQ(leaks, R + 1);
+
+  ToolRun capped = run_tool({"--live", "--live-max", "5", "--", target("alloc_rounds"), "--rounds", std::to_string(R)});
+  const json* q = find_comm(capped.report, "alloc_rounds");
+  ASSERT_TRUE(q);
+  EXPECT_EQ((*q)["live"].size(), 5u);
+  EXPECT_EQ((*q)["live_omitted"].get<long>(), u(*q, "in_use_blocks") - 5);
+
+  Result text = run({"--live", "--live-max", "3", "--dump-bytes", "8", "--", target("alloc_rounds"), "--rounds", "4"});
+  EXPECT_NE(text.err.find("LIVE BLOCKS for pid"), std::string::npos) << text.err;
+  EXPECT_NE(text.err.find("more live blocks omitted (--live-max 3)"), std::string::npos) << text.err;
+  EXPECT_NE(text.err.find("(process gone)"), std::string::npos) << text.err;
+}
+
+// ------------------------------------------------------------------ --record / replay
+
+namespace {
+
+json leak_summary(const json& p) {
+  json out = json::array();
+  for (const auto& l : p["leaks"]) {
+    json fns = json::array();
+    for (const auto& f : l["stack"]) fns.push_back(f.value("function", "") + "@" + f.value("module", ""));
+    out.push_back({{"bytes", l["bytes"]}, {"blocks", l["blocks"]}, {"stack", fns}});
+  }
+  return out;
+}
+
+Result replay(std::vector<std::string> args, const std::string& outfile = "") {
+  args.insert(args.begin(), "replay");
+  return run(args, outfile);
+}
+
+}  // namespace
+
+TEST_F(Features, RecordThenReplayGivesTheSameReport) {
+  const long R = 40;
+  std::string rec = "/tmp/memtrace-test-" + std::to_string(getpid()) + ".mtr";
+  ToolRun live = run_tool({"--record", rec, "--", target("alloc_rounds"), "--rounds", std::to_string(R), "--exit-code", "3"});
+  ASSERT_EQ(live.code, 3) << live.err;
+  ASSERT_TRUE(live.report.contains("recording")) << live.report.dump();
+  Result rp = replay({rec, "--format", "json", "--top", "10"});
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  json rj = json::parse(rp.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object()) << rp.out;
+  const json* a = find_comm(live.report, "alloc_rounds");
+  const json* b = find_comm(rj, "alloc_rounds");
+  ASSERT_TRUE(a && b) << rj.dump();
+  EXPECT_EQ((*a)["pid"], (*b)["pid"]);
+  EXPECT_EQ((*a)["exit_code"], (*b)["exit_code"]);
+  for (const char* k : {"allocs", "frees", "bytes_allocated", "in_use_bytes", "in_use_blocks", "peak_in_use_bytes",
+                        "failed_allocs", "mmap_bytes_allocator", "mmap_bytes_direct"})
+    EXPECT_EQ((*a)["summary"][k], (*b)["summary"][k]) << k;
+  EXPECT_EQ((*a)["summary"], (*b)["summary"]);
+  EXPECT_EQ(leak_summary(*a), leak_summary(*b));
+  EXPECT_EQ((*a)["leaks"], (*b)["leaks"]);  // frames symbolized identically (files unchanged)
+  EXPECT_EQ(live.report["dropped"], rj["dropped"]);
+  EXPECT_EQ(rj["replay"]["complete"], true);
+  EXPECT_TRUE(rj["notes"].empty()) << rj["notes"].dump();
+
+  // Text replay, with the live blocks of the end of the recording.
+  Result tx = replay({rec, "--live", "--live-max", "2"});
+  EXPECT_EQ(tx.code, 0) << tx.err;
+  EXPECT_NE(tx.out.find("in use at exit:"), std::string::npos) << tx.out;
+  EXPECT_NE(tx.out.find(std::to_string(R * 33) + " bytes in " + std::to_string(R) + " blocks were not freed"),
+            std::string::npos)
+      << tx.out;
+  EXPECT_NE(tx.out.find("LIVE BLOCKS for pid"), std::string::npos);
+  EXPECT_NE(tx.out.find("REPLAY: " + rec), std::string::npos);
+
+  // Truncated: a clear one-line error, non-zero exit, and what could be read.
+  std::string data = slurp(rec);
+  std::string cut = rec + ".cut";
+  std::ofstream(cut, std::ios::binary) << data.substr(0, data.size() / 2);
+  Result t = replay({cut, "--format", "json"});
+  EXPECT_EQ(t.code, 1);
+  EXPECT_EQ(count_of(t.err, "\n"), 1) << t.err;
+  EXPECT_NE(t.err.find("truncated"), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("records"), std::string::npos) << t.err;
+  json tj = json::parse(t.out, nullptr, false);
+  ASSERT_TRUE(tj.is_object()) << t.out;
+  EXPECT_EQ(tj["replay"]["complete"], false);
+  EXPECT_GT(tj["replay"]["records"].get<long>(), 0);
+
+  // Corrupt: one byte flipped in the middle of a record.
+  std::string bad = data;
+  bad[bad.size() / 2] ^= 0x5a;
+  std::string badf = rec + ".bad";
+  std::ofstream(badf, std::ios::binary) << bad;
+  Result c = replay({badf});
+  EXPECT_EQ(c.code, 1);
+  EXPECT_EQ(count_of(c.err, "\n"), 1) << c.err;
+  EXPECT_TRUE(c.err.find("corrupt") != std::string::npos || c.err.find("truncated") != std::string::npos) << c.err;
+  EXPECT_NE(c.out.find("HEAP SUMMARY"), std::string::npos);  // what was read is reported
+
+  // Not a recording at all.
+  std::string junk = rec + ".junk";
+  std::ofstream(junk) << "hello, not a recording\n";
+  Result j = replay({junk});
+  EXPECT_NE(j.code, 0);
+  EXPECT_NE(j.err.find("not a memtrace-bpf recording"), std::string::npos) << j.err;
+  for (const auto& f : {rec, cut, badf, junk}) unlink(f.c_str());
+}
+
+TEST_F(Features, ReplaySaysWhenABinaryChangedAndFindsItByBuildId) {
+  // A private copy of the target, recorded, then replaced by another program.
+  std::string dir = "/tmp/memtrace-test-bid-" + std::to_string(getpid());
+  std::string keep = dir + "/keep";
+  ASSERT_EQ(system(("mkdir -p " + keep + " && cp " + target("alloc_rounds") + " " + dir + "/prog && cp " +
+                    target("alloc_rounds") + " " + keep + "/prog")
+                       .c_str()),
+            0);
+  std::string rec = dir + "/r.mtr";
+  ToolRun live = run_tool({"--record", rec, "--", dir + "/prog", "--rounds", "3"});
+  ASSERT_EQ(live.code, 0) << live.err;
+  ASSERT_EQ(system(("cp " + target("no_allocator") + " " + dir + "/prog.new && mv " + dir + "/prog.new " + dir +
+                    "/prog")
+                       .c_str()),
+            0);
+  Result rp = replay({rec, "--format", "json"});
+  EXPECT_EQ(rp.code, 0) << rp.err;
+  json rj = json::parse(rp.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object()) << rp.out;
+  EXPECT_NE(rj["notes"].dump().find(dir + "/prog changed since the recording"), std::string::npos)
+      << rj["notes"].dump();
+  const json* p = find_comm(rj, "prog");
+  ASSERT_TRUE(p) << rj.dump();
+  bool leak_named = false;
+  for (const auto& l : (*p)["leaks"])
+    for (const auto& f : l["stack"]) leak_named |= f["function"] == "leak_here";
+  EXPECT_FALSE(leak_named) << "frames of a changed file must not be symbolized with the new one";
+
+  // The original, found by build-id under --symbols DIR.
+  Result ok = replay({rec, "--format", "json", "--symbols", keep});
+  json oj = json::parse(ok.out, nullptr, false);
+  ASSERT_TRUE(oj.is_object()) << ok.out;
+  p = find_comm(oj, "prog");
+  ASSERT_TRUE(p);
+  const json* lp = find_comm(live.report, "prog");
+  ASSERT_TRUE(lp);
+  EXPECT_EQ(leak_summary(*p).dump().find("leak_here") != std::string::npos, true) << oj.dump();
+  EXPECT_EQ((*p)["summary"], (*lp)["summary"]);
+  EXPECT_NE(oj["notes"].dump().find("same build-id"), std::string::npos) << oj["notes"].dump();
+  ASSERT_EQ(system(("rm -rf " + dir).c_str()), 0);
+}

@@ -1,0 +1,146 @@
+// Runs memtrace-bpf and target programs for the integration tests.
+#pragma once
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace memtrace::testing {
+
+inline std::string tool() { return MEMTRACE_BIN; }
+inline std::string target(const std::string& name) { return std::string(TARGET_DIR) + "/" + name; }
+
+struct Child {
+  pid_t pid = -1;
+  int in = -1;   // write end of the child's stdin
+  int out = -1;  // read end of the child's stdout
+  int err = -1;  // read end of the child's stderr
+};
+
+inline Child spawn(const std::vector<std::string>& argv) {
+  int i[2], o[2], e[2];
+  if (pipe2(i, O_CLOEXEC) || pipe2(o, O_CLOEXEC) || pipe2(e, O_CLOEXEC)) abort();
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(i[0], 0);
+    dup2(o[1], 1);
+    dup2(e[1], 2);
+    std::vector<char*> a;
+    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    _exit(127);
+  }
+  close(i[0]);
+  close(o[1]);
+  close(e[1]);
+  return Child{pid, i[1], o[0], e[0]};
+}
+
+inline std::string read_all(int fd) {
+  std::string s;
+  char b[65536];
+  ssize_t n;
+  while ((n = read(fd, b, sizeof b)) > 0) s.append(b, n);
+  return s;
+}
+
+// Reads fd until a line containing `needle` arrives (or EOF / timeout).
+inline bool read_until(int fd, const std::string& needle, std::string* acc, int timeout_ms = 20000) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char b[4096];
+  while (std::chrono::steady_clock::now() < end) {
+    if (acc->find(needle) != std::string::npos) return true;
+    fd_set fs;
+    FD_ZERO(&fs);
+    FD_SET(fd, &fs);
+    timeval tv{0, 100000};
+    if (select(fd + 1, &fs, nullptr, nullptr, &tv) > 0) {
+      ssize_t n = read(fd, b, sizeof b);
+      if (n <= 0) return acc->find(needle) != std::string::npos;
+      acc->append(b, n);
+    }
+  }
+  return acc->find(needle) != std::string::npos;
+}
+
+inline int wait_exit(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+struct ToolRun {
+  int code = -1;
+  std::string out, err;
+  nlohmann::json report;
+};
+
+inline std::string tmpfile(const std::string& tag) {
+  static int n = 0;
+  return "/tmp/memtrace-test-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(n++) + ".json";
+}
+
+// memtrace-bpf ARGS with a JSON report, to completion.
+inline ToolRun run_tool(std::vector<std::string> args) {
+  std::string rep = tmpfile("r");
+  std::vector<std::string> argv = {tool(), "--format", "json", "-o", rep};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child c = spawn(argv);
+  close(c.in);
+  ToolRun r;
+  std::thread t([&] { r.err = read_all(c.err); });
+  r.out = read_all(c.out);
+  t.join();
+  r.code = wait_exit(c.pid);
+  std::ifstream f(rep);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (!ss.str().empty()) r.report = nlohmann::json::parse(ss.str(), nullptr, false);
+  unlink(rep.c_str());
+  close(c.out);
+  close(c.err);
+  return r;
+}
+
+inline const nlohmann::json* find_proc(const nlohmann::json& rep, pid_t pid) {
+  if (!rep.is_object() || !rep.contains("processes")) return nullptr;
+  for (const auto& p : rep["processes"])
+    if (p["pid"] == pid) return &p;
+  return nullptr;
+}
+
+inline const nlohmann::json* find_comm(const nlohmann::json& rep, const std::string& comm) {
+  if (!rep.is_object() || !rep.contains("processes")) return nullptr;
+  for (const auto& p : rep["processes"])
+    if (p["comm"] == comm) return &p;
+  return nullptr;
+}
+
+struct PerRound {
+  long allocs = 0, frees = 0, bytes = 0, failed = 0, leaked_blocks = 0, leaked_bytes = 0, mmap_direct = 0;
+};
+
+inline PerRound parse_per_round(const std::string& out) {
+  PerRound p;
+  auto at = out.find("per_round");
+  if (at != std::string::npos)
+    sscanf(out.c_str() + at,
+           "per_round allocs=%ld frees=%ld bytes=%ld failed=%ld leaked_blocks=%ld leaked_bytes=%ld "
+           "mmap_direct=%ld",
+           &p.allocs, &p.frees, &p.bytes, &p.failed, &p.leaked_blocks, &p.leaked_bytes, &p.mmap_direct);
+  return p;
+}
+
+inline long u(const nlohmann::json& p, const char* k) { return p["summary"][k].get<long>(); }
+
+}  // namespace memtrace::testing

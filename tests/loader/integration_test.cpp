@@ -1,0 +1,467 @@
+// End-to-end: the real BPF programs trace real target programs; the targets
+// print their own expected counts and the tool's JSON must match exactly.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <set>
+
+#include <cstdlib>
+
+#include "harness.h"
+#include "test_env.h"
+
+using namespace memtrace::testing;
+using nlohmann::json;
+
+namespace {
+
+void expect_no_losses(const json& rep) {
+  ASSERT_TRUE(rep.contains("dropped")) << rep.dump();
+  for (const char* k : {"ringbuf", "stack_ringbuf", "inflight_map_full",
+                        "stack_record_missing", "malformed", "missed_returns", "stop_failed"})
+    EXPECT_EQ(rep["dropped"][k].get<long>(), 0) << k << " in " << rep["dropped"].dump();
+}
+
+bool has_leak(const json& p, long bytes, long blocks) {
+  for (const auto& l : p["leaks"])
+    if (l["bytes"] == bytes && l["blocks"] == blocks) return true;
+  return false;
+}
+
+// BPF program and link ids a process holds (from its fds' fdinfo).
+std::set<std::string> bpf_ids_of(pid_t pid) {
+  std::set<std::string> ids;
+  std::string dir = "/proc/" + std::to_string(pid) + "/fdinfo";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return ids;
+  while (dirent* e = readdir(d)) {
+    std::ifstream f(dir + "/" + e->d_name);
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("prog_id:", 0) == 0 || line.rfind("link_id:", 0) == 0)
+        ids.insert(line.substr(0, 4) + std::to_string(std::stol(line.substr(line.find(':') + 1))));
+  }
+  closedir(d);
+  return ids;
+}
+
+// Which of these ids still exist anywhere in the kernel.
+std::set<std::string> still_loaded(const std::set<std::string>& ids) {
+  std::set<std::string> left;
+  for (const char* kind : {"prog", "link"}) {
+    FILE* f = popen((std::string("bpftool -j ") + kind + " list 2>/dev/null").c_str(), "r");
+    std::string s;
+    char b[65536];
+    size_t n;
+    while ((n = fread(b, 1, sizeof b, f)) > 0) s.append(b, n);
+    pclose(f);
+    auto j = json::parse(s, nullptr, false);
+    if (!j.is_array()) continue;
+    for (const auto& p : j) {
+      std::string id = std::string(kind).substr(0, 4) + std::to_string(p.value("id", -1L));
+      if (ids.count(id)) left.insert(id);
+    }
+  }
+  return left;
+}
+
+class Tracing : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MEMTRACE_REQUIRE_ROOT();
+    if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no BTF: BPF CO-RE unavailable");
+  }
+};
+
+}  // namespace
+
+TEST_F(Tracing, LaunchCountsEveryCallExactly) {
+  const long R = 200;
+  ToolRun r0 = run_tool({"--", target("alloc_rounds"), "--rounds", "0", "--exit-code", "5"});
+  ToolRun rn = run_tool({"--", target("alloc_rounds"), "--rounds", std::to_string(R), "--exit-code", "5"});
+  ASSERT_EQ(r0.code, 5) << r0.err;  // the tool exits with the program's code
+  ASSERT_EQ(rn.code, 5) << rn.err;
+  PerRound per = parse_per_round(rn.out);  // the program's stdout is its own
+  ASSERT_GT(per.allocs, 0) << rn.out;
+  const json* p0 = find_comm(r0.report, "alloc_rounds");
+  const json* pn = find_comm(rn.report, "alloc_rounds");
+  ASSERT_TRUE(p0 && pn) << rn.report.dump();
+  EXPECT_EQ(u(*pn, "allocs") - u(*p0, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*pn, "frees") - u(*p0, "frees"), R * per.frees);
+  EXPECT_EQ(u(*pn, "bytes_allocated") - u(*p0, "bytes_allocated"), R * per.bytes);
+  EXPECT_EQ(u(*pn, "failed_allocs") - u(*p0, "failed_allocs"), R * per.failed);
+  EXPECT_EQ(u(*pn, "in_use_blocks") - u(*p0, "in_use_blocks"), R * per.leaked_blocks);
+  EXPECT_EQ(u(*pn, "in_use_bytes") - u(*p0, "in_use_bytes"), R * per.leaked_bytes);
+  EXPECT_EQ(u(*pn, "mmap_bytes_direct") - u(*p0, "mmap_bytes_direct"), R * per.mmap_direct);
+  // malloc(1 MiB) per round is mmap'd inside malloc: the allocator's, not the program's.
+  EXPECT_GE(u(*pn, "mmap_bytes_allocator") - u(*p0, "mmap_bytes_allocator"), R * (1 << 20));
+  EXPECT_EQ((*pn)["exit_code"], 5);
+  // The constructor's block, allocated before main(), is seen.
+  EXPECT_TRUE(has_leak(*pn, 12345, 1)) << (*pn)["leaks"].dump();
+  // The R rounds' leaks of 33 bytes are one group (the prologue's round is
+  // called from another line of main: its own group), with the stack
+  // leak_here <- one_round <- main.
+  const json* grp = nullptr;
+  for (const auto& l : (*pn)["leaks"])
+    if (l["blocks"] == R) grp = &l;
+  ASSERT_TRUE(grp) << (*pn)["leaks"].dump();
+  const json& top = *grp;
+  EXPECT_EQ(top["bytes"], R * 33);
+  ASSERT_GE(top["stack"].size(), 3u) << top.dump();
+  EXPECT_EQ(top["stack"][1]["function"], "one_round") << top.dump();
+  EXPECT_EQ(top["stack"][2]["function"], "main") << top.dump();
+  ASSERT_FALSE(top["stack"].empty());
+  EXPECT_NE(top["stack"][0]["module"].get<std::string>().find("alloc_rounds"), std::string::npos)
+      << top.dump();
+  EXPECT_EQ(top["stack"][0]["function"], "leak_here") << top.dump();
+  // -O0 target: the frame has the file and line of the allocating call.
+  int leak_line = 0;
+  {
+    std::string src = std::string(SOURCE_DIR) + "/tests/targets/alloc_rounds.c", line;
+    std::ifstream f(src);
+    for (int n = 1; std::getline(f, line); n++)
+      if (line.find("/* LEAK-SITE */") != std::string::npos) leak_line = n;
+  }
+  ASSERT_GT(leak_line, 0);
+  EXPECT_NE(top["stack"][0]["file"].get<std::string>().find("alloc_rounds.c"), std::string::npos) << top.dump();
+  EXPECT_EQ(top["stack"][0]["line"], leak_line) << top.dump();
+  expect_no_losses(rn.report);
+}
+
+TEST_F(Tracing, AttachToRunningPidCountsOnlyAfterAttach) {
+  const long R = 50;
+  Child t = spawn({target("alloc_rounds"), "--wait", "--rounds", std::to_string(R)});
+  std::string tout;
+  ASSERT_TRUE(read_until(t.out, "ready", &tout));
+  std::string rep = tmpfile("p");
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "-p", std::to_string(t.pid)});
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  ASSERT_TRUE(read_until(t.out, "per_round", &tout));
+  ASSERT_TRUE(read_until(t.out, "\n", &tout));
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  EXPECT_EQ(wait_exit(t.pid), 0);
+  EXPECT_EQ(wait_exit(m.pid), 0) << merr;  // the tool ends when its last process does
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  PerRound per = parse_per_round(tout);
+  const json* p = find_proc(j, t.pid);
+  ASSERT_TRUE(p) << j.dump();
+  EXPECT_EQ(u(*p, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*p, "frees"), R * per.frees);
+  EXPECT_EQ(u(*p, "bytes_allocated"), R * per.bytes);
+  EXPECT_EQ(u(*p, "failed_allocs"), R * per.failed);
+  EXPECT_EQ(u(*p, "in_use_blocks"), R * per.leaked_blocks);
+  EXPECT_EQ((*p)["exit_code"], 0);
+  expect_no_losses(j);
+  unlink(rep.c_str());
+}
+
+TEST_F(Tracing, CommModeTracesProcessesStartedLaterFromTheirFirstAllocation) {
+  std::string rep = tmpfile("c");
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "-c", "mt_comm_target"});
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  const long R = 40;
+
+  Child t0 = spawn({target("mt_comm_target"), "--rounds", "0"});
+  close(t0.in);
+  std::string o0 = read_all(t0.out);
+  ASSERT_EQ(wait_exit(t0.pid), 0);
+  Child t1 = spawn({target("mt_comm_target"), "--rounds", std::to_string(R)});
+  close(t1.in);
+  std::string o1 = read_all(t1.out);
+  ASSERT_EQ(wait_exit(t1.pid), 0);
+  // An unrelated program is not traced.
+  Child other = spawn({target("alloc_rounds"), "--rounds", "3"});
+  close(other.in);
+  read_all(other.out);
+  wait_exit(other.pid);
+  usleep(300 * 1000);
+  kill(m.pid, SIGINT);
+  EXPECT_EQ(wait_exit(m.pid), 0) << merr;
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  PerRound per = parse_per_round(o1);
+  const json* p0 = find_proc(j, t0.pid);
+  const json* p1 = find_proc(j, t1.pid);
+  ASSERT_TRUE(p0 && p1) << j.dump();
+  EXPECT_EQ(find_proc(j, other.pid), nullptr);
+  EXPECT_EQ(u(*p1, "allocs") - u(*p0, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*p1, "frees") - u(*p0, "frees"), R * per.frees);
+  EXPECT_EQ(u(*p1, "bytes_allocated") - u(*p0, "bytes_allocated"), R * per.bytes);
+  // Its first allocation (a constructor, before main) was not lost to the attach.
+  EXPECT_TRUE(has_leak(*p0, 12345, 1)) << (*p0)["leaks"].dump();
+  EXPECT_TRUE(has_leak(*p1, 12345, 1));
+  expect_no_losses(j);
+  unlink(rep.c_str());
+}
+
+TEST_F(Tracing, SystemWideSeesProgramsItDidNotStart) {
+  std::string rep = tmpfile("s");
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "3"});
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  const long R = 30;
+  pid_t pids[2];
+  std::string outs[2];
+  for (int i = 0; i < 2; i++) {
+    Child t = spawn({target("alloc_rounds"), "--wait", "--rounds", std::to_string(i ? R : 0)});
+    std::string o;
+    ASSERT_TRUE(read_until(t.out, "ready", &o));
+    // Give the loader time to attach to a libc it may not have seen.
+    usleep(200 * 1000);
+    ASSERT_EQ(write(t.in, "\n\n", 2), 2);
+    close(t.in);
+    o += read_all(t.out);
+    wait_exit(t.pid);
+    pids[i] = t.pid;
+    outs[i] = o;
+  }
+  usleep(300 * 1000);
+  kill(m.pid, SIGINT);
+  EXPECT_EQ(wait_exit(m.pid), 0) << merr;
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  PerRound per = parse_per_round(outs[1]);
+  const json* p0 = find_proc(j, pids[0]);
+  const json* p1 = find_proc(j, pids[1]);
+  ASSERT_TRUE(p0 && p1) << j["processes"].size();
+  EXPECT_EQ(u(*p1, "allocs") - u(*p0, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*p1, "frees") - u(*p0, "frees"), R * per.frees);
+  EXPECT_EQ(u(*p1, "bytes_allocated") - u(*p0, "bytes_allocated"), R * per.bytes);
+  unlink(rep.c_str());
+}
+
+TEST_F(Tracing, EightThreadsOfHundredThousandAllocationsNothingDropped) {
+  ToolRun r0 = run_tool({"--", target("alloc_rounds"), "--simple", "--threads", "8", "--rounds", "0"});
+  ToolRun rn = run_tool({"--", target("alloc_rounds"), "--simple", "--threads", "8", "--rounds", "100000"});
+  ASSERT_EQ(rn.code, 0) << rn.err;
+  const json* p0 = find_comm(r0.report, "alloc_rounds");
+  const json* pn = find_comm(rn.report, "alloc_rounds");
+  ASSERT_TRUE(p0 && pn);
+  EXPECT_EQ(u(*pn, "allocs") - u(*p0, "allocs"), 800000);
+  EXPECT_EQ(u(*pn, "frees") - u(*p0, "frees"), 800000);
+  EXPECT_EQ(u(*pn, "bytes_allocated") - u(*p0, "bytes_allocated"), 800000L * 64);
+  // Each thread's exit frees glibc's own per-thread blocks (tcache, ...),
+  // allocated inside malloc: frees of unseen blocks, at most two per thread
+  // that allocated (glibc 2.36: the tcache and one more).
+  EXPECT_LE(rn.report["dropped"]["unknown_free"].get<long>(), 2 * 8);
+  expect_no_losses(rn.report);
+}
+
+TEST_F(Tracing, ForkedChildIsFollowed) {
+  const long R = 30;
+  ToolRun r = run_tool({"--", target("alloc_rounds"), "--fork", "--rounds", std::to_string(R)});
+  ASSERT_EQ(r.code, 0) << r.err;
+  PerRound per = parse_per_round(r.out);
+  const json* child = nullptr;
+  const json* parent = nullptr;
+  for (const auto& p : r.report["processes"]) {
+    if (p["comm"] != "alloc_rounds") continue;
+    if (p["exit_code"] == 7) child = &p;
+    else parent = &p;
+  }
+  ASSERT_TRUE(child && parent) << r.report.dump();
+  EXPECT_EQ((*child)["ppid"], (*parent)["pid"]);
+  // The child's own calls, counted from its first instruction.
+  EXPECT_EQ(u(*child, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*child, "frees"), R * per.frees);
+  EXPECT_EQ(u(*child, "bytes_allocated"), R * per.bytes);
+  EXPECT_GT(u(*child, "inherited_blocks"), 0);
+  expect_no_losses(r.report);
+}
+
+TEST_F(Tracing, TargetKilledMidTraceIsReported) {
+  Child t = spawn({target("alloc_rounds"), "--wait", "--rounds", "5"});
+  std::string tout;
+  ASSERT_TRUE(read_until(t.out, "ready", &tout));
+  std::string rep = tmpfile("k");
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "-p", std::to_string(t.pid)});
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  ASSERT_TRUE(read_until(t.out, "per_round", &tout));
+  kill(t.pid, SIGKILL);
+  wait_exit(t.pid);
+  EXPECT_EQ(wait_exit(m.pid), 0);
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  const json* p = find_proc(j, t.pid);
+  ASSERT_TRUE(p) << j.dump();
+  EXPECT_EQ((*p)["exit_code"], 128 + SIGKILL);
+  PerRound per = parse_per_round(tout);
+  EXPECT_EQ(u(*p, "allocs"), 5 * per.allocs);
+  unlink(rep.c_str());
+}
+
+struct BadInput {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+TEST_F(Tracing, BadInputGivesOneLineAndNonZeroExit) {
+  Child na = spawn({target("no_allocator")});
+  std::vector<BadInput> cases = {
+      {{"-p", "999999"}, "no such process: 999999"},
+      {{"--", "/nonexistent/program"}, "cannot execute /nonexistent/program"},
+      {{"-c", "a_command_name_longer_than_15"}, "longer than the 15 characters"},
+      {{"-p", std::to_string(na.pid)}, "has no known allocator"},
+  };
+  for (const auto& c : cases) {
+    ToolRun r = run_tool(c.args);
+    EXPECT_NE(r.code, 0) << c.message;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    // One line about what failed (the report, if any, goes to -o).
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  kill(na.pid, SIGKILL);
+  wait_exit(na.pid);
+  // Not root.
+  Child nr = spawn({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", tool(),
+                    "--", "/bin/true"});
+  close(nr.in);
+  std::string e = read_all(nr.err);
+  EXPECT_NE(wait_exit(nr.pid), 0);
+  EXPECT_NE(e.find("must run as root"), std::string::npos) << e;
+}
+
+TEST_F(Tracing, SignalsDetachEveryProbeAndTheTargetRunsOn) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    Child t = spawn({target("alloc_rounds"), "--wait", "--rounds", "20"});
+    std::string tout;
+    ASSERT_TRUE(read_until(t.out, "ready", &tout));
+    std::string rep = tmpfile("sig");
+    Child m = spawn({tool(), "--format", "json", "-o", rep, "-p", std::to_string(t.pid)});
+    std::string merr;
+    ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+    std::set<std::string> ids = bpf_ids_of(m.pid);
+    EXPECT_GE(ids.size(), 4u) << "the tool holds its programs and uprobe links";
+    kill(m.pid, sig);
+    EXPECT_EQ(wait_exit(m.pid), 0) << merr;
+    // The kernel frees programs and links after an RCU grace period.
+    std::set<std::string> left = still_loaded(ids);
+    for (int i = 0; i < 40 && !left.empty(); i++) {
+      usleep(50000);
+      left = still_loaded(left);
+    }
+    EXPECT_TRUE(left.empty()) << "programs/links left behind: " << *left.begin();
+    std::ifstream f(rep);
+    json j = json::parse(f, nullptr, false);
+    EXPECT_TRUE(find_proc(j, t.pid)) << "the report is still written";
+    // The target was never stopped and completes normally.
+    ASSERT_EQ(write(t.in, "\n\n", 2), 2);
+    ASSERT_TRUE(read_until(t.out, "per_round", &tout));
+    EXPECT_EQ(wait_exit(t.pid), 0);
+    unlink(rep.c_str());
+  }
+}
+
+// valgrind --run-libc-freeres=no and the tool agree on a real program.
+TEST_F(Tracing, AgreesWithValgrindOnSqlite) {
+  if (access("/usr/bin/valgrind", X_OK) != 0 || access("/usr/bin/sqlite3", X_OK) != 0)
+    MEMTRACE_SKIP_OR_FAIL("valgrind or sqlite3 missing (scripts/deps.txt installs them)");
+  std::string sql = "/tmp/memtrace-test-sqlite.sql";
+  {
+    std::ofstream s(sql);
+    s << "CREATE TABLE t(a INTEGER, b TEXT);\nBEGIN;\n";
+    for (int i = 0; i < 2000; i++) s << "INSERT INTO t VALUES(" << i << ", 'row" << i * 7 << "');\n";
+    s << "COMMIT;\nCREATE INDEX ti ON t(b);\nUPDATE t SET b = b || 'x' WHERE a % 3 = 0;\n"
+      << "SELECT count(*), sum(length(b)) FROM t;\n";
+  }
+  std::string cmd = "valgrind --run-libc-freeres=no /usr/bin/sqlite3 :memory: < " + sql + " 2>&1 >/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string vg;
+  char b[4096];
+  size_t n;
+  while ((n = fread(b, 1, sizeof b, f)) > 0) vg.append(b, n);
+  pclose(f);
+  long v_inuse = -1, v_blocks = -1, v_allocs = -1, v_frees = -1, v_bytes = -1;
+  auto at = vg.find("in use at exit:");
+  ASSERT_NE(at, std::string::npos) << vg;
+  std::string inuse = vg.substr(at);
+  inuse.erase(std::remove(inuse.begin(), inuse.end(), ','), inuse.end());
+  sscanf(inuse.c_str(), "in use at exit: %ld bytes in %ld blocks", &v_inuse, &v_blocks);
+  at = inuse.find("total heap usage:");
+  sscanf(inuse.c_str() + at, "total heap usage: %ld allocs %ld frees %ld bytes allocated", &v_allocs,
+         &v_frees, &v_bytes);
+  ASSERT_GT(v_allocs, 1000) << vg;
+
+  // stdin comes from the SQL file.
+  std::string rep = tmpfile("sq");
+  std::string tcmd = tool() + " --format json -o " + rep + " -- /usr/bin/sqlite3 :memory: < " + sql + " > /dev/null 2>&1";
+  ASSERT_EQ(system(tcmd.c_str()), 0);
+  std::ifstream rf(rep);
+  json j = json::parse(rf, nullptr, false);
+  const json* p = find_comm(j, "sqlite3");
+  ASSERT_TRUE(p) << j.dump();
+  EXPECT_EQ(u(*p, "allocs"), v_allocs);
+  EXPECT_EQ(u(*p, "frees"), v_frees);
+  EXPECT_EQ(u(*p, "bytes_allocated"), v_bytes);
+  EXPECT_EQ(u(*p, "in_use_blocks"), v_blocks);
+  EXPECT_EQ(u(*p, "in_use_bytes"), v_inuse);
+  unlink(rep.c_str());
+}
+
+// A process whose allocator is not glibc's is traced through its own
+// allocator's symbols, found from its mappings (LD_PRELOAD here), and with
+// -O/-S naming them by hand.
+TEST_F(Tracing, OtherAllocatorsAreTracedThroughTheirOwnSymbols) {
+  struct Lib {
+    const char* path;
+    const char* family;
+  };
+  const Lib libs[] = {{"/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc"},
+                      {"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "tcmalloc"},
+                      {"/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", "mimalloc"}};
+  for (const Lib& l : libs) {
+    if (access(l.path, R_OK) != 0) MEMTRACE_SKIP_OR_FAIL(std::string(l.path) + " missing (scripts/deps.txt)");
+    for (int by_hand : {0, 1}) {
+      auto run = [&](const char* n) {
+        std::vector<std::string> args = {"--explain-probes"};
+        if (by_hand) args.insert(args.end(), {"-O", l.path});
+        args.insert(args.end(),
+                    {"--", "/usr/bin/env", std::string("LD_PRELOAD=") + l.path, target("demo_target"), n});
+        return run_tool(args);
+      };
+      ToolRun t0 = run("0"), t = run("1000");
+      ASSERT_EQ(t.code, 0) << l.path << ": " << t.err;
+      EXPECT_NE(t.err.find(std::string(l.family) + " allocator"), std::string::npos) << t.err;
+      const json* p0 = find_comm(t0.report, "demo_target");
+      const json* p = find_comm(t.report, "demo_target");
+      ASSERT_TRUE(p && p0) << t.report.dump();
+      // demo.c: request i leaks parse_header's block when i % 10 == 0.
+      bool found = false;
+      for (const auto& g : (*p)["leaks"])
+        if (g["blocks"] == 100 && !g["stack"].empty() && g["stack"][0]["function"] == "parse_header") found = true;
+      EXPECT_TRUE(found) << l.family << ": " << (*p)["leaks"].dump();
+      // 1000 requests: 1000 parse_header + 900 body + 900 realloc (free + alloc)
+      // + 20 remember (calloc + strdup); frees: 900 realloc + 900 body + 900 h.
+      EXPECT_EQ(u(*p, "allocs") - u(*p0, "allocs"), 2840) << l.family;
+      EXPECT_EQ(u(*p, "frees") - u(*p0, "frees"), 2700) << l.family;
+      expect_no_losses(t.report);
+    }
+  }
+}
+
+// A second allocator dlopen'd after the attach (the program is stopped at the
+// library's executable mapping) gets its own probes: every block it hands out
+// is seen, with the caller's stack.
+TEST_F(Tracing, AllocatorDlopenedLaterIsTracedToo) {
+  const char* lib = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
+  if (access(lib, R_OK) != 0) MEMTRACE_SKIP_OR_FAIL(std::string(lib) + " missing (scripts/deps.txt)");
+  ToolRun t = run_tool({"--", target("dlopen_alloc"), lib, "250"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  const json* p = find_comm(t.report, "dlopen_alloc");
+  ASSERT_TRUE(p) << t.report.dump();
+  const json* grp = nullptr;
+  for (const auto& g : (*p)["leaks"])
+    if (!g["stack"].empty() && g["stack"][0]["function"] == "leak_from_second") grp = &g;
+  ASSERT_TRUE(grp) << (*p)["leaks"].dump();
+  EXPECT_EQ((*grp)["blocks"], 250);
+  EXPECT_EQ((*grp)["bytes"], 250 * 777);
+  expect_no_losses(t.report);
+}
