@@ -9,6 +9,7 @@ untraced run and against floor(chosen):
   floor0          bench/floor: empty BPF programs, probes at offset 0
   floor           the same at the chosen offsets (src/probes)
   memtrace        memtrace-bpf -- CMD            (if the binary exists)
+  memtrace-fp     memtrace-bpf --unwind fp -- CMD   (frame-pointer stacks only)
   memtrace-nostk  memtrace-bpf --no-stacks -- CMD
   heaptrack       heaptrack CMD (LD_PRELOAD + libunwind)
 
@@ -16,10 +17,11 @@ Floor rows use the floor's own FLOOR_CHILD_SECONDS (release to exit: the
 detach of its links is not the workload's cost); every other row is the wall
 time of the whole command as a user sees it.
 
-  sudo bench/probe_cost.py [--repeat 5] [--build build-probes] [--memtrace PATH]
+  sudo bench/probe_cost.py [--repeat 5] [--build build] [--memtrace PATH]
                            [--workloads W1,W2,W3] [--modes untraced,floor0,...]
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -59,10 +61,13 @@ def command(mode, cmd, floor_bin, memtrace_bin, tmp):
         return [floor_bin, "--offsets", "zero", "--"] + cmd
     if mode == "floor":
         return [floor_bin, "--offsets", "chosen", "--"] + cmd
+    rep = ["--format", "json", "-o", os.path.join(tmp, "report.json")]
     if mode == "memtrace":
-        return [memtrace_bin, "--"] + cmd
+        return [memtrace_bin] + rep + ["--"] + cmd
+    if mode == "memtrace-fp":
+        return [memtrace_bin, "--unwind", "fp"] + rep + ["--"] + cmd
     if mode == "memtrace-nostk":
-        return [memtrace_bin, "--no-stacks", "--"] + cmd
+        return [memtrace_bin, "--no-stacks"] + rep + ["--"] + cmd
     if mode == "heaptrack":
         return ["heaptrack", "-o", os.path.join(tmp, "ht")] + cmd
     raise ValueError(mode)
@@ -82,17 +87,26 @@ def run_once(argv, mode):
         if "uprobes +" not in p.stderr:
             raise RuntimeError("floor attached nothing: " + p.stderr[-2000:])
         return float(m.group(1))
+    if mode.startswith("memtrace"):
+        # Like the floor: the program's run from the moment its probes are
+        # attached to its exit (loading BPF and the report are not in it).
+        rep = argv[argv.index("-o") + 1]
+        with open(rep) as f:
+            j = json.load(f)
+        if j["dropped"].get("ringbuf", 0) or j["dropped"].get("stack_ringbuf", 0):
+            print("#  warning: events dropped: %s" % j["dropped"], file=sys.stderr)
+        return j["stats"]["launched_traced_us"] / 1e6
     return wall
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--build", default=os.path.join(ROOT, "build-probes"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--floor", default=None, help="memtrace-floor binary (default BUILD/bench/floor/memtrace-floor)")
     ap.add_argument("--memtrace", default=os.path.join(ROOT, "build/src/loader/memtrace-bpf"))
     ap.add_argument("--workloads", default="W1,W2,W3")
-    ap.add_argument("--modes", default="untraced,floor0,floor,memtrace,memtrace-nostk,heaptrack")
+    ap.add_argument("--modes", default="untraced,floor0,floor,memtrace,memtrace-fp,memtrace-nostk,heaptrack")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("probe_cost: run as root (uprobes)")

@@ -3,10 +3,10 @@
 # the share of allocation stacks that reach main (or a thread start routine),
 # why the others stopped, table memory, and the BPF probe's average run time
 # with CFI unwinding vs frame pointers only.
-#   bench/unwind/bench_unwind.sh [BUILD_DIR]     (root; default build-unwind)
+#   bench/unwind/bench_unwind.sh [BUILD_DIR]     (root; default build)
 set -e
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${1:-$ROOT/build-unwind}
+BUILD=${1:-$ROOT/build}
 BENCH=$BUILD/tests/unwind/unwind_bench
 [ -x "$BENCH" ] || cmake --build "$BUILD" --target unwind_bench -j2 >/dev/null
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing

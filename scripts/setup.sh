@@ -1,0 +1,21 @@
+#!/bin/sh
+# Install the Debian packages in scripts/deps.txt that are not installed yet.
+# Runs as root (the tool needs root anyway); uses sudo when it is not root.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+pkgs=$(grep -v '^#' "$here/deps.txt" | grep -v '^$')
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -z "$missing" ]; then
+  echo "setup: all packages installed"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+echo "setup: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing
