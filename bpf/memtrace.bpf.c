@@ -263,6 +263,14 @@ int mt_alloc_enter(struct pt_regs *ctx)
 		return 0;
 	}
 
+	/* The stack first, with nothing branch-dependent live across it, so
+	 * that the verifier checks the unwinder once (mt_alloc_enter: 170k
+	 * instructions verified, 320k before). */
+	{
+		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx)};
+		rec.stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
+	}
+	rec.flags = flags;
 	rec.sp = sp;
 	rec.role = role;
 	rec.depth = 1;
@@ -290,11 +298,6 @@ int mt_alloc_enter(struct pt_regs *ctx)
 		rec.arg0 = PT_REGS_PARM1(ctx);
 		break;
 	}
-	{
-		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx)};
-		rec.stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
-	}
-	rec.flags = flags;
 
 	/* realloc(p, n), p != NULL: the old block dies now, before the
 	 * allocator can hand its address to another thread. A failure is
@@ -302,8 +305,10 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && rec.arg0)
 		emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
 
-	if (!cur)
-		cur = inflight_get(BPF_LOCAL_STORAGE_GET_F_CREATE);
+	/* Looked up again rather than kept across the stack capture: a
+	 * pointer-or-NULL live across it makes the verifier check the
+	 * unwinder once per case (task storage lookups are cached, ~15 ns). */
+	cur = inflight_get(BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (cur)
 		*cur = rec;
 	else

@@ -42,23 +42,37 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+#ifdef MT_UNWIND_CACHE_STATS
+	__uint(max_entries, MT_UC_COUNT + 6); /* + -, L1 hits, L1 misses, refills, span bytes */
+#else
 	__uint(max_entries, MT_UC_COUNT);
+#endif
 	__type(key, __u32);
 	__type(value, __u64);
 } unwind_counters SEC(".maps");
 
-/* Row cache (per CPU, direct-mapped): the row found for a lookup pc under
- * one published mt_unwind_proc (gen). Allocation stacks repeat the same
- * return addresses, so most frames skip both binary searches. gen is unique
- * per published value and never 0, so a zeroed or stale entry cannot match:
- * the cache is exact. */
+static __always_inline void mt_unwind_add(__u32 c, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&unwind_counters, &c);
+	if (v)
+		*v += n;
+}
+#define mt_unwind_count(c) mt_unwind_add((c), 1)
+
+/* Row caches: unwind_rc (L1, 1024 entries, below) and this larger
+ * direct-mapped per-CPU array (L2), both keyed by (lookup pc, gen), in
+ * front of the two binary searches (~1 us). */
+#define MT_UNWIND_CACHE_ENTRIES 8192 /* power of 2 */
+
+/* Row cache entry: the row found for a lookup pc under one published
+ * mt_unwind_proc (gen). gen is unique per published value and never 0, so a
+ * zeroed or stale entry cannot match: the cache is exact. */
 struct mt_unwind_cache_ent {
 	__u64 pc;  /* lookup pc */
 	__u32 gen; /* mt_unwind_proc.gen it was found under */
 	__u32 pad;
 	struct mt_unwind_row row; /* kind MT_CFA_NONE: no row */
 };
-#define MT_UNWIND_CACHE_ENTRIES 8192 /* power of 2 */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -75,14 +89,27 @@ struct {
  * Near the top of a stack (the mapping ends) the window is clamped to the
  * page of the address. base/len describe what w[] holds for this stack
  * only: len is reset at the start of every walk. */
+#ifndef MT_UNWIND_WIN_BYTES /* (-D for A/B builds: 8 KiB made no measurable difference on W1 or W3) */
 #define MT_UNWIND_WIN_BYTES 2048 /* power of 2, multiple of 8 */
+#endif
 #define MT_UNWIND_WIN_WORDS (MT_UNWIND_WIN_BYTES / 8)
+#define MT_UNWIND_RC_ENTRIES 1024 /* power of 2; 24 KiB: a per-CPU value stays under 32 KiB */
 #define MT_UNWIND_WIN_SLACK 64 /* bytes below a refill address also read (multiple of 8) */
 struct mt_unwind_win {
 	__u64 base;
 	__u64 len;
 	__u64 floor; /* rsp at the probe: the stack is readable from here up */
+	__u64 top;   /* main thread: end of the page holding mm->start_stack (readable up to it); else 0 */
 	__u64 w[MT_UNWIND_WIN_WORDS + 2]; /* +2: a 16-byte read at the last slot */
+};
+/* Row cache (L1), direct-mapped by lookup pc: allocation stacks repeat the
+ * same return addresses, so most frames skip both binary searches. Its
+ * size decides the cost: 24 KiB contiguous stays in L1/L2, where an
+ * 8192-entry per-CPU array map (196 KiB, one pointer chase per lookup)
+ * cost two cache misses per frame (W1: ~35 ns of a ~50 ns frame step).
+ * W1: 99% of lookups hit. */
+struct mt_unwind_rc {
+	struct mt_unwind_cache_ent e[MT_UNWIND_RC_ENTRIES];
 };
 struct mt_unwind_pair {
 	__u64 a, b;
@@ -94,6 +121,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mt_unwind_win);
 } unwind_win SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_unwind_rc);
+} unwind_rc SEC(".maps");
 
 /* 16 bytes of user memory at addr into *dst (0, or -1: unreadable). A
  * global function: verified once, so its branches do not multiply the
@@ -120,6 +154,22 @@ __attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 			start = w->floor;
 		off = addr - start;
 		len = MT_UNWIND_WIN_BYTES;
+#ifdef MT_UNWIND_CACHE_STATS
+		mt_unwind_count(MT_UC_COUNT + 3);
+#endif
+		if (w->top > start && w->top - start < MT_UNWIND_WIN_BYTES) {
+			/* the main thread's stack ends within the window: read
+			 * up to it, not into the unmapped page after it */
+			len = w->top - start;
+			if (len >= off + 16 &&
+			    !bpf_probe_read_user(w->w, len & (MT_UNWIND_WIN_BYTES - 1), (void *)start)) {
+				w->base = start;
+				w->len = len;
+				goto have;
+			}
+			w->len = 0;
+			return bpf_probe_read_user(dst, 16, (void *)addr) ? -1 : 0;
+		}
 		if (bpf_probe_read_user(w->w, MT_UNWIND_WIN_BYTES, (void *)start)) {
 			/* the window crosses the end of the mapping: up to the
 			 * end of start's page */
@@ -134,10 +184,29 @@ __attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 		w->base = start;
 		w->len = len;
 	}
+have:
 	off = (off >> 3) & (MT_UNWIND_WIN_WORDS - 1);
 	dst->a = w->w[off];
 	dst->b = w->w[off + 1];
 	return 0;
+}
+
+/* mt_uread16 with the common case inline: the 16 bytes are in the window.
+ * Every call of a BPF function returns through the kernel's return thunk
+ * (srso_alias_return_thunk on this AMD host: Safe RET), ~10 ns each; a
+ * frame made one to three of them. */
+static __always_inline int mt_uread16_fast(struct mt_unwind_win *w, __u64 addr,
+					   struct mt_unwind_pair *dst)
+{
+	__u64 off = addr - w->base;
+
+	if (addr >= w->base && off <= w->len && w->len - off >= 16 && !(off & 7)) {
+		off = (off >> 3) & (MT_UNWIND_WIN_WORDS - 1);
+		dst->a = w->w[off];
+		dst->b = w->w[off + 1];
+		return 0;
+	}
+	return mt_uread16(w, addr, dst);
 }
 
 /* Set through skel->rodata before load: 1 = frame pointers only. */
@@ -147,13 +216,6 @@ const volatile __u32 unwind_disabled = 0;
 #define MT_UNWIND_ROW_STEPS 24
 #define MT_UNWIND_MAP_STEPS 9 /* > log2(MT_UNWIND_MAX_MAPPINGS) */
 
-static __always_inline void mt_unwind_add(__u32 c, __u64 n)
-{
-	__u64 *v = bpf_map_lookup_elem(&unwind_counters, &c);
-	if (v)
-		*v += n;
-}
-#define mt_unwind_count(c) mt_unwind_add((c), 1)
 
 struct mt_unwind_ctx {
 	__u64 pc;  /* current frame's pc */
@@ -162,6 +224,7 @@ struct mt_unwind_ctx {
 	struct mt_stack *out;
 	struct mt_unwind_proc *proc;
 	struct mt_unwind_win *win;
+	struct mt_unwind_rc *rc;
 	__u32 n;        /* frames in out->ips */
 	__u32 reason;   /* enum mt_unwind_counter that ended the walk (0: running) */
 	__u32 exact_pc; /* pc is not a return address (frame 0 at a non-entry probe) */
@@ -256,10 +319,39 @@ static __always_inline int mt_unwind_find_row(struct mt_unwind_proc *proc, __u64
 	return 0;
 }
 
-/* One frame: from (pc, sp, bp) to the caller's; appends the return address. */
-static long mt_unwind_step(__u64 i, void *arg)
+/* L1 (unwind_rc) miss: the L2 cache, else the binary searches. A global
+ * function: verified once, not once per path of the frame step that calls
+ * it; the call (~10 ns) is paid on ~1% of frames. Fills *row, returns 0;
+ * -1: no row. */
+__attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __u64 lookup,
+						  __u32 gen, struct mt_unwind_row *row)
 {
-	struct mt_unwind_ctx *c = arg;
+	__u32 slot = (__u32)(((lookup ^ ((__u64)gen << 32)) * 0xC2B2AE3D27D4EB4FULL) >> 40) &
+		     (MT_UNWIND_CACHE_ENTRIES - 1);
+	struct mt_unwind_cache_ent *ce;
+	struct mt_unwind_row r = {};
+
+	if (!proc || !row)
+		return -1;
+	ce = bpf_map_lookup_elem(&unwind_row_cache, &slot);
+	if (ce && ce->pc == lookup && ce->gen == gen) {
+		*row = ce->row;
+		return MT_ROW_CFA(&ce->row) == MT_CFA_NONE ? -1 : 0;
+	}
+	if (mt_unwind_find_row(proc, lookup, &r) != 0)
+		r.kind = MT_CFA_NONE;
+	if (ce) {
+		ce->pc = lookup;
+		ce->gen = gen;
+		ce->row = r;
+	}
+	*row = r;
+	return MT_ROW_CFA(&r) == MT_CFA_NONE ? -1 : 0;
+}
+
+/* One frame: from (pc, sp, bp) to the caller's; appends the return address. */
+static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
+{
 	struct mt_unwind_row row = {};
 	__u64 cfa, ra = 0, bp = c->bp, lookup;
 	__u32 type, rule;
@@ -268,20 +360,26 @@ static long mt_unwind_step(__u64 i, void *arg)
 	if (!c->proc || !c->out)
 		return 1;
 	lookup = c->exact_pc ? c->pc : c->pc - 1; /* return address: the call is before it */
+	if (!c->win || !c->rc)
+		return 1;
 	{
 		__u32 slot = (__u32)(((lookup ^ ((__u64)c->gen << 32)) * 0x9E3779B97F4A7C15ULL) >> 40) &
-			     (MT_UNWIND_CACHE_ENTRIES - 1);
-		struct mt_unwind_cache_ent *ce = bpf_map_lookup_elem(&unwind_row_cache, &slot);
-		if (ce && ce->pc == lookup && ce->gen == c->gen) {
+			     (MT_UNWIND_RC_ENTRIES - 1);
+		struct mt_unwind_cache_ent *ce = &c->rc->e[slot];
+		if (ce->pc == lookup && ce->gen == c->gen) {
 			row = ce->row;
+#ifdef MT_UNWIND_CACHE_STATS
+			mt_unwind_count(MT_UC_COUNT + 1);
+#endif
 		} else {
-			if (mt_unwind_find_row(c->proc, lookup, &row) != 0)
+#ifdef MT_UNWIND_CACHE_STATS
+			mt_unwind_count(MT_UC_COUNT + 2);
+#endif
+			if (mt_unwind_row_miss(c->proc, lookup, c->gen, &row) != 0)
 				row.kind = MT_CFA_NONE;
-			if (ce) {
-				ce->pc = lookup;
-				ce->gen = c->gen;
-				ce->row = row;
-			}
+			ce->pc = lookup;
+			ce->gen = c->gen;
+			ce->row = row;
 		}
 	}
 	type = MT_ROW_CFA(&row);
@@ -302,7 +400,7 @@ static long mt_unwind_step(__u64 i, void *arg)
 		{
 			struct mt_unwind_pair p;
 			if (c->bp_lost ||
-			    mt_uread16(c->win, c->bp + (__s64)row.cfa_off * 8, &p)) {
+			    mt_uread16_fast(c->win, c->bp + (__s64)row.cfa_off * 8, &p)) {
 				c->reason = c->bp_lost ? MT_UC_TRUNC_UNSUPPORTED : MT_UC_TRUNC_READ;
 				return 1;
 			}
@@ -326,7 +424,7 @@ static long mt_unwind_step(__u64 i, void *arg)
 			c->reason = MT_UC_END_ZERO;
 			return 1;
 		}
-		if ((c->bp & 7) || c->bp < c->sp || mt_uread16(c->win, c->bp, &p)) {
+		if ((c->bp & 7) || c->bp < c->sp || mt_uread16_fast(c->win, c->bp, &p)) {
 			c->reason = MT_UC_TRUNC_NO_TABLE;
 			return 1;
 		}
@@ -348,7 +446,7 @@ static long mt_unwind_step(__u64 i, void *arg)
 		/* push %rbp right after the call: saved rbp and return address
 		 * are adjacent, one read. */
 		struct mt_unwind_pair p;
-		if (mt_uread16(c->win, cfa - 16, &p)) {
+		if (mt_uread16_fast(c->win, cfa - 16, &p)) {
 			c->reason = MT_UC_TRUNC_READ;
 			return 1;
 		}
@@ -357,7 +455,7 @@ static long mt_unwind_step(__u64 i, void *arg)
 		c->bp_lost = 0;
 	} else if (!from_fp) {
 		struct mt_unwind_pair p;
-		if (mt_uread16(c->win, cfa - 8, &p)) {
+		if (mt_uread16_fast(c->win, cfa - 8, &p)) {
 			c->reason = MT_UC_TRUNC_READ;
 			return 1;
 		}
@@ -366,7 +464,7 @@ static long mt_unwind_step(__u64 i, void *arg)
 			__u64 at = rule == MT_RBP_AT_CFA ? cfa : c->bp;
 			if (rule == MT_RBP_AT_RBP && c->bp_lost) {
 				c->bp_lost = 1;
-			} else if (mt_uread16(c->win, at + (__s64)row.rbp_off * 8, &p)) {
+			} else if (mt_uread16_fast(c->win, at + (__s64)row.rbp_off * 8, &p)) {
 				c->reason = MT_UC_TRUNC_READ;
 				return 1;
 			} else {
@@ -396,6 +494,14 @@ static long mt_unwind_step(__u64 i, void *arg)
 	return 0;
 }
 
+/* bpf_loop callback: one frame. (Two or four inlined frames per call save
+ * a call and a thunked return each, ~3% of W1's probe time, but double or
+ * quadruple the verifier's work: 170k -> 300k / 670k instructions.) */
+static long mt_unwind_step_cb(__u64 i, void *arg)
+{
+	return mt_unwind_step(arg);
+}
+
 /* CFI walk. Returns -1 when the process has no tables (caller falls back to
  * its frame-pointer walk), else the capture flags. */
 /* User registers at the probe, as plain values. */
@@ -420,38 +526,45 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	{
 		__u32 zero = 0;
 		c.win = bpf_map_lookup_elem(&unwind_win, &zero);
-		if (c.win) {
-			c.win->len = 0; /* nothing of this stack read yet */
-			c.win->floor = r->sp;
+		if (!c.win) /* (never: index 0 of a per-CPU array) */
+			return -1;
+		c.rc = bpf_map_lookup_elem(&unwind_rc, &zero);
+		if (!c.rc)
+			return -1;
+		c.win->len = 0; /* nothing of this stack read yet */
+		c.win->floor = r->sp;
+		{
+			struct task_struct *t = bpf_get_current_task_btf();
+			__u64 ss = BPF_CORE_READ(t, mm, start_stack);
+			c.win->top = ss > r->sp ? (ss + 4095) & ~4095ULL : 0;
 		}
 	}
 	c.sp = r->sp;
 	c.bp = r->bp;
 	c.pc = r->ip;
+	/* Computed, not branched on: both kinds of probe reach the frame
+	 * loop with the same verifier state (one verification of it). */
+	c.exact_pc = (__u32)ret_at >> 31; /* not an entry probe: pc is exact */
 	if (ret_at >= 0) {
 		/* Entry probe: the return address is at [rsp + ret_at], rbp is
 		 * still the caller's. */
 		struct mt_unwind_pair p;
-		__u64 ret;
 		if (mt_uread16(c.win, c.sp + ret_at, &p) || !p.a) {
 			out->nr = 0;
 			return MT_F_NO_STACK;
 		}
-		ret = p.a;
-		out->ips[0] = ret;
-		c.n = 1;
-		c.h = mt_hash_step(MT_HASH_SEED, ret);
-		c.pc = ret;
+		c.pc = p.a;
 		c.sp = c.sp + ret_at + 8;
-	} else {
-		out->ips[0] = c.pc;
-		c.n = 1;
-		c.h = mt_hash_step(MT_HASH_SEED, c.pc);
-		c.exact_pc = 1;
 	}
-	bpf_loop(MT_MAX_FRAMES, mt_unwind_step, &c, 0);
+	out->ips[0] = c.pc;
+	c.n = 1;
+	c.h = mt_hash_step(MT_HASH_SEED, c.pc);
+	bpf_loop(MT_MAX_FRAMES, mt_unwind_step_cb, &c, 0);
 	if (c.reason == 0)
 		c.reason = MT_UC_TRUNC_DEPTH;
+#ifdef MT_UNWIND_CACHE_STATS
+	mt_unwind_add(MT_UC_COUNT + 4, c.sp - r->sp);
+#endif
 	out->nr = c.n > MT_MAX_FRAMES ? MT_MAX_FRAMES : c.n;
 	out->stack_id = c.h ? c.h : 1; /* = mt_stack_hash(out): no second pass */
 	mt_unwind_count(MT_UC_STACKS);
