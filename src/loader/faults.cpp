@@ -114,7 +114,8 @@ void FaultTrace::line(const heap::Process& p, const mt_event& e, const heap::Fau
     if (const heap::Stack* st = m_.stack(h.stack_id); st && !st->ips.empty())
       alloc_fn = function_at(p.pid, st->ips[0], true);
   char ts[32];
-  snprintf(ts, sizeof ts, "%" PRIu64 ".%06" PRIu64, e.h.ts / 1000000000ull, (e.h.ts % 1000000000ull) / 1000);
+  snprintf(ts, sizeof ts, "%" PRIu64 ".%06" PRIu64, static_cast<uint64_t>(e.h.ts / 1000000000ull),
+           static_cast<uint64_t>((e.h.ts % 1000000000ull) / 1000));
   bool access_error = e.h.flags & MT_F_FAULT_ACCESS_ERR;
   if (json_) {
     nlohmann::json j = {{"time", ts},

@@ -868,6 +868,16 @@ void Tracer::rearm_now() {
         report_.rearm_intervals++;
     }
   }
+  if (!tid) {
+    // Every thread stopped with an event to handle first: stopping a thread
+    // in a blocking system call under PTRACE_SYSCALL reports its
+    // syscall-exit before our interrupt. Handle those, then re-arm on the
+    // next pass of the loop (the deadline stays where it is). Skipping this
+    // round instead lost a whole sweep's first accesses: one thread
+    // sleeping between sweeps is exactly this case.
+    for (const auto& [id, t] : threads_)
+      if (!t.queued.empty()) return;
+  }
   uint64_t step = static_cast<uint64_t>(opt_.rearm_ms * 1e6);
   uint64_t now = now_ns();
   next_rearm_ns_ += step;
