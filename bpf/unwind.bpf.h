@@ -93,7 +93,9 @@ struct {
 #define MT_UNWIND_WIN_BYTES 2048 /* power of 2, multiple of 8 */
 #endif
 #define MT_UNWIND_WIN_WORDS (MT_UNWIND_WIN_BYTES / 8)
+#ifndef MT_UNWIND_RC_ENTRIES
 #define MT_UNWIND_RC_ENTRIES 1024 /* power of 2; 24 KiB: a per-CPU value stays under 32 KiB */
+#endif
 #define MT_UNWIND_WIN_SLACK 64 /* bytes below a refill address also read (multiple of 8) */
 struct mt_unwind_win {
 	__u64 base;
