@@ -44,7 +44,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from benchlib import med, snapshot  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_TOOL = os.path.join(ROOT, "build/src/loader/memtrace-bpf")
 COMM = "mtb_first"
@@ -280,31 +282,6 @@ def seen_blocks(report, pid, k):
         res["_leak_groups_total"] = p.get("leak_groups_total")
         return res
     return None
-
-
-def snapshot(tool):
-    """Copy the binary (others may rebuild the shared build dir while we run);
-    retry while it is being written."""
-    d = tempfile.mkdtemp(prefix="mtb-tool-")
-    dst = os.path.join(d, "memtrace-bpf")
-    for _ in range(30):
-        try:
-            shutil.copy2(tool, dst)
-            if subprocess.run([dst, "--help"], capture_output=True, timeout=30).returncode == 0:
-                st = os.stat(tool)
-                print("memtrace-bpf snapshot of %s (mtime %s, git %s)" % (
-                    tool, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)),
-                    subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
-                                   capture_output=True, text=True).stdout.strip()))
-                return dst
-        except (OSError, subprocess.SubprocessError):
-            pass
-        time.sleep(10)
-    sys.exit("cannot copy a working %s" % tool)
-
-
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def main():

@@ -42,9 +42,7 @@ for in the kernel.  Not part of the timed figures (stats cost time themselves).
 import argparse
 import json
 import os
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +50,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from benchlib import med, snapshot  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_TOOL = os.path.join(ROOT, "build/src/loader/memtrace-bpf")
 
@@ -249,31 +250,6 @@ def bpf_stats_pass(tool, exe, kind, n, tmp, mode="c-other"):
     print("   total BPF time %.3f ms over %d iterations = %.1f ns per iteration "
           "(loop: %.1f ns/iter; includes every other process's hits in that window)"
           % (total / 1e6, n, total / n, ns))
-
-
-def snapshot(tool):
-    """Copy the binary (others may rebuild the shared build dir while we run);
-    retry while it is being written."""
-    d = tempfile.mkdtemp(prefix="mtb-tool-")
-    dst = os.path.join(d, "memtrace-bpf")
-    for _ in range(30):
-        try:
-            shutil.copy2(tool, dst)
-            if subprocess.run([dst, "--help"], capture_output=True, timeout=30).returncode == 0:
-                st = os.stat(tool)
-                print("memtrace-bpf snapshot of %s (mtime %s, git %s)" % (
-                    tool, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)),
-                    subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
-                                   capture_output=True, text=True).stdout.strip()))
-                return dst
-        except (OSError, subprocess.SubprocessError):
-            pass
-        time.sleep(10)
-    sys.exit("cannot copy a working %s" % tool)
-
-
-def med(xs):
-    return statistics.median(xs)
 
 
 def main():
