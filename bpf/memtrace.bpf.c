@@ -240,7 +240,11 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	if ((__u32)(pid_tgid >> 32) == self_pid)
 		return 0;
 
-	cur = inflight_get(0);
+	/* Created here for the roles that need a record at return, so that
+	 * cur is known non-NULL across the stack capture below (a
+	 * pointer-or-NULL live across it would make the verifier check the
+	 * unwinder once per case). */
+	cur = inflight_get(role == MT_ROLE_FREE ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (cur && cur->depth > 0) {
 		if (sp <= cur->sp) {
 			/* A public entry point called from inside another
@@ -260,6 +264,15 @@ int mt_alloc_enter(struct pt_regs *ctx)
 			emit(MT_EV_FREE, 0, pid_tgid, ptr, 0, 0, 0, 0, role, 0);
 		if (cur)
 			cur->depth = 0;
+		return 0;
+	}
+
+	if (!cur) {
+		/* no task storage: the allocation cannot be paired with its
+		 * return (counted); realloc's old block still dies */
+		count(MT_C_INFLIGHT_FULL);
+		if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && PT_REGS_PARM1(ctx))
+			emit(MT_EV_FREE, MT_F_NO_STACK, pid_tgid, PT_REGS_PARM1(ctx), 0, 0, 0, 0, role, 0);
 		return 0;
 	}
 
@@ -305,14 +318,7 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && rec.arg0)
 		emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
 
-	/* Looked up again rather than kept across the stack capture: a
-	 * pointer-or-NULL live across it makes the verifier check the
-	 * unwinder once per case (task storage lookups are cached, ~15 ns). */
-	cur = inflight_get(BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (cur)
-		*cur = rec;
-	else
-		count(MT_C_INFLIGHT_FULL);
+	*cur = rec;
 	return 0;
 }
 
