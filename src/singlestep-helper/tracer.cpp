@@ -163,17 +163,13 @@ int Tracer::run_guardian(pid_t pid, int fd) {
   // helper closes its files, before the kernel detaches its tracees (exit_files
   // runs before exit_notify -> exit_ptrace): seizing now fails with EPERM. The
   // tracees are free once this process has been reparented (exit_notify
-  // detaches them first), so wait for that, then re-attach and undo.
+  // detaches them first, in forget_original_parent), so wait for that, then
+  // re-attach and undo.
   for (int i = 0; i < 5000 && getppid() == helper; i++) usleep(1000);
   Options o;
   o.pid = pid;
   Tracer t(o);
-  Result<void> at = t.attach();
-  for (int i = 0; !at && at.error().err == EPERM && i < 2000; i++) {  // belt and braces: a tracer still going away
-    usleep(1000);
-    at = t.attach();
-  }
-  if (!at) {
+  if (Result<void> at = t.attach(); !at) {
     std::fprintf(stderr, "memtrace-singlestep guardian: %s: protections of process %d not restored\n",
                  at.error().message.c_str(), pid);
     return 1;
