@@ -242,6 +242,7 @@ enum mt_unwind_counter {
 	MT_UC_TRUNC_UNSUPPORTED, /* row is MT_CFA_UNSUPPORTED (or rbp lost when needed) */
 	MT_UC_TRUNC_READ,        /* bpf_probe_read_user of return address / rbp failed */
 	MT_UC_TRUNC_BAD_FRAME,   /* CFA not above rsp (corrupt or looping stack) */
+	MT_UC_MEMO_HITS,         /* of MT_UC_STACKS: replayed from the walk memo, not walked */
 	MT_UC_COUNT,
 };
 

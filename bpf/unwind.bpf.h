@@ -43,7 +43,9 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 #ifdef MT_UNWIND_CACHE_STATS
-	__uint(max_entries, MT_UC_COUNT + 6); /* + -, L1 hits, L1 misses, refills, span bytes */
+	/* + -, L1 hits, L1 misses, refills, span bytes, memo: empty slot,
+	 * key differs, rbp differs, a word differs */
+	__uint(max_entries, MT_UC_COUNT + 9);
 #else
 	__uint(max_entries, MT_UC_COUNT);
 #endif
@@ -130,6 +132,50 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mt_unwind_rc);
 } unwind_rc SEC(".maps");
+
+/* Walk memo (per CPU, direct-mapped by the probe's rsp): what the last walk
+ * from this rsp read and found. A walk is a function of the probe's
+ * registers (rsp; rip at a non-entry probe; rbp when a row or the
+ * frame-pointer fallback used it before a saved rbp replaced it), the rows
+ * (named by mt_unwind_proc.gen) and the stack words it read. If all of those
+ * are the same now, so is the stack: a hit re-reads the recorded words from
+ * the stack (same window reads as the walk) and compares them, then copies
+ * the return addresses out, instead of one bpf_loop step per frame with its
+ * row lookup. Exact, like the row caches: any difference is a miss and the
+ * walk runs (and replaces the entry). Walks that read more than
+ * MT_MEMO_WORDS words, or failed a read, are not kept. */
+#ifndef MT_MEMO_ENTRIES
+#define MT_MEMO_ENTRIES 1024 /* power of 2; the most the loader asks for */
+#endif
+#define MT_MEMO_WORDS 64 /* power of 2 */
+#define MT_MEMO_F_BP 1 /* keyed by the probe's rbp too */
+struct mt_memo_ent {
+	__u64 sp;       /* rsp at the probe */
+	__u64 ip;       /* first frame: the return address at an entry probe, else rip */
+	__u64 bp;       /* rbp at the probe (MT_MEMO_F_BP), else 0 */
+	__u64 stack_id; /* mt_stack_hash of the result */
+	__u32 gen;      /* mt_unwind_proc.gen; 0: empty or being written */
+	__s32 ret_at;
+	__u32 nw;       /* words recorded */
+	__u32 nr;       /* frames of the result */
+	__u32 flags;    /* MT_MEMO_F_* */
+	__u16 reason;   /* enum mt_unwind_counter that ended the walk */
+	__u16 frames_fp;
+	__u32 ra_k;     /* while recording: word index of the return address just read */
+	__u32 pad;
+	__u64 addr[MT_MEMO_WORDS];
+	__u64 val[MT_MEMO_WORDS];
+	__u8 oi[MT_MEMO_WORDS]; /* word i is ips[oi[i]] (0xff: not a frame, a saved rbp) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MT_MEMO_ENTRIES); /* the loader sizes it by CPU count */
+	__type(key, __u32);
+	__type(value, struct mt_memo_ent);
+} unwind_memo SEC(".maps");
+/* unwind_memo's max_entries - 1 (power of 2), set through skel->rodata. */
+const volatile __u32 unwind_memo_mask = MT_MEMO_ENTRIES - 1;
 
 /* 16 bytes of user memory at addr into *dst (0, or -1: unreadable). A
  * global function: verified once, so its branches do not multiply the
@@ -234,7 +280,73 @@ struct mt_unwind_ctx {
 	__u32 gen;      /* proc->gen */
 	__u32 frames_fp;/* of n: recovered by the frame-pointer fallback */
 	__u64 h;        /* mt_stack_hash of ips[0..n), folded in as frames are found */
+	struct mt_memo_ent *me; /* memo entry this walk records into (NULL: none) */
+	__u32 bp_mem;   /* bp was read from the stack (not the probe's rbp) */
+	__u32 bp_rec;   /* ... and that word is in the memo already */
+	__u64 bp_addr;  /* ... from there */
+	__u32 bp0_used; /* the walk depended on the probe's rbp */
 };
+
+/* Memo: the walk used the stack word val at addr. is_ra: it is the return
+ * address the step will append (if it does: see mt_memo_frame). */
+static __always_inline void mt_memo_rec(struct mt_unwind_ctx *c, __u64 addr, __u64 val,
+					__u32 is_ra)
+{
+	struct mt_memo_ent *e = c->me;
+	__u32 k;
+
+	/* The word count lives in the entry, not in c: loaded from map
+	 * memory it is an unknown number to the verifier, which otherwise
+	 * verified the step once per count (it indexes memory, so the
+	 * verifier tracks it exactly) and ran out of its 1M instructions. */
+	if (!e)
+		return;
+	k = e->nw;
+	if (k < MT_MEMO_WORDS) {
+		e->addr[k] = addr;
+		e->val[k] = val;
+		e->oi[k] = 0xff;
+	}
+	if (is_ra)
+		e->ra_k = k;
+	e->nw = k + 1;
+}
+
+/* Memo: the step appended its return address (word c->ra_k) as frame
+ * c->n - 1. */
+static __always_inline void mt_memo_frame(struct mt_unwind_ctx *c)
+{
+	struct mt_memo_ent *e = c->me;
+	__u32 k;
+
+	if (!e)
+		return;
+	k = e->ra_k;
+	if (k < MT_MEMO_WORDS)
+		e->oi[k] = c->n - 1;
+}
+
+/* Memo: the walk is about to use c->bp. A saved rbp only counts as an
+ * input of the walk when it is used: in code without frame pointers rbp is
+ * an ordinary register, and the values frames saved (object pointers,
+ * counters) would otherwise make every stack look new. */
+static __always_inline void mt_memo_use_bp(struct mt_unwind_ctx *c)
+{
+	if (!c->bp_mem) {
+		c->bp0_used = 1;
+	} else if (!c->bp_rec) {
+		mt_memo_rec(c, c->bp_addr, c->bp, 0);
+		c->bp_rec = 1;
+	}
+}
+
+/* The caller's rbp was read from the stack at addr (recorded if used). */
+static __always_inline void mt_memo_bp_read(struct mt_unwind_ctx *c, __u64 addr)
+{
+	c->bp_mem = 1;
+	c->bp_rec = 0;
+	c->bp_addr = addr;
+}
 
 /* Binary searches run under bpf_loop too: as plain bounded loops the
  * verifier would walk every path of every iteration (2^steps). */
@@ -396,16 +508,19 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			c->reason = MT_UC_TRUNC_UNSUPPORTED;
 			return 1;
 		}
+		mt_memo_use_bp(c);
 		cfa = c->bp + (__s64)row.cfa_off * 8;
 		break;
 	case MT_CFA_RBP_DEREF:
 		{
 			struct mt_unwind_pair p;
-			if (c->bp_lost ||
-			    mt_uread16_fast(c->win, c->bp + (__s64)row.cfa_off * 8, &p)) {
+			__u64 at = c->bp + (__s64)row.cfa_off * 8;
+			if (c->bp_lost || mt_uread16_fast(c->win, at, &p)) {
 				c->reason = c->bp_lost ? MT_UC_TRUNC_UNSUPPORTED : MT_UC_TRUNC_READ;
 				return 1;
 			}
+			mt_memo_use_bp(c);
+			mt_memo_rec(c, at, p.a, 0);
 			cfa = p.a;
 		}
 		break;
@@ -422,6 +537,7 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			c->reason = MT_UC_TRUNC_NO_TABLE;
 			return 1;
 		}
+		mt_memo_use_bp(c);
 		if (c->bp == 0) {
 			c->reason = MT_UC_END_ZERO;
 			return 1;
@@ -430,6 +546,8 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			c->reason = MT_UC_TRUNC_NO_TABLE;
 			return 1;
 		}
+		mt_memo_rec(c, c->bp + 8, p.b, 1);
+		mt_memo_bp_read(c, c->bp);
 		bp = p.a;
 		ra = p.b;
 		cfa = c->bp + 16;
@@ -452,6 +570,8 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			c->reason = MT_UC_TRUNC_READ;
 			return 1;
 		}
+		mt_memo_rec(c, cfa - 8, p.b, 1);
+		mt_memo_bp_read(c, cfa - 16);
 		bp = p.a;
 		ra = p.b;
 		c->bp_lost = 0;
@@ -461,15 +581,21 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			c->reason = MT_UC_TRUNC_READ;
 			return 1;
 		}
+		mt_memo_rec(c, cfa - 8, p.a, 1);
 		ra = p.a;
 		if (rule == MT_RBP_AT_CFA || rule == MT_RBP_AT_RBP) {
 			__u64 at = rule == MT_RBP_AT_CFA ? cfa : c->bp;
 			if (rule == MT_RBP_AT_RBP && c->bp_lost) {
 				c->bp_lost = 1;
-			} else if (mt_uread16_fast(c->win, at + (__s64)row.rbp_off * 8, &p)) {
-				c->reason = MT_UC_TRUNC_READ;
-				return 1;
 			} else {
+				if (rule == MT_RBP_AT_RBP)
+					mt_memo_use_bp(c);
+				at += (__s64)row.rbp_off * 8;
+				if (mt_uread16_fast(c->win, at, &p)) {
+					c->reason = MT_UC_TRUNC_READ;
+					return 1;
+				}
+				mt_memo_bp_read(c, at);
 				bp = p.a;
 				c->bp_lost = 0;
 			}
@@ -487,6 +613,7 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 	}
 	c->out->ips[c->n & (MT_MAX_FRAMES - 1)] = ra;
 	c->n++;
+	mt_memo_frame(c);
 	c->h = mt_hash_step(c->h, ra);
 	c->frames_fp += from_fp;
 	c->pc = ra;
@@ -511,77 +638,206 @@ struct mt_uregs {
 	__u64 ip, sp, bp;
 };
 
+/* Memo hit check: e was recorded from the same registers and rows; re-read
+ * its words and rebuild out->ips from them. 0: out holds the stack; -1: a
+ * word differs (or cannot be read): walk. A global function: verified once,
+ * so that each way its loop can end does not make the verifier check the
+ * walk after it again. */
+__attribute__((noinline)) int mt_memo_replay(struct mt_unwind_win *w, struct mt_memo_ent *e,
+					     __u64 ip, struct mt_stack *out)
+{
+	__u32 nw;
+
+	if (!w || !e || !out || e->nr == 0 || e->nr > MT_MAX_FRAMES)
+		return -1;
+	nw = e->nw;
+	out->ips[0] = ip; /* the first frame is part of the key */
+	/* (No frame counter: the verifier would tell its values apart in
+	 * every iteration. Each word knows its frame index.) */
+	for (int i = 0; i < MT_MEMO_WORDS; i++) {
+		struct mt_unwind_pair p;
+		__u32 k;
+
+		if (i >= nw)
+			break;
+		if (mt_uread16_fast(w, e->addr[i], &p) || p.a != e->val[i])
+			return -1;
+		k = e->oi[i];
+		if (k < MT_MAX_FRAMES)
+			out->ips[k] = p.a;
+	}
+	out->nr = e->nr;
+	out->stack_id = e->stack_id;
+	return 0;
+}
+
+/* Counters and flags of a finished stack (walked or replayed). */
+static __always_inline int mt_unwind_done(__u32 n, __u32 frames_fp, __u32 reason)
+{
+	mt_unwind_count(MT_UC_STACKS);
+	mt_unwind_count(reason);
+	/* frames past the first (ips[0] is read, not unwound) */
+	if (n > 1) {
+		__u32 unwound = n - 1;
+		if (unwound > frames_fp)
+			mt_unwind_add(MT_UC_FRAMES_CFI, unwound - frames_fp);
+		if (frames_fp)
+			mt_unwind_add(MT_UC_FRAMES_FP, frames_fp);
+	}
+	return reason >= MT_UC_TRUNC_DEPTH ? MT_F_STACK_TRUNCATED : 0;
+}
+
+/* In and out of mt_unwind_walk (scalars only: the pointers are arguments). */
+struct mt_walk_io {
+	__u64 pc, sp, bp; /* in: first frame's pc, rsp, rbp */
+	__u64 h;          /* in/out: stack hash so far */
+	__u32 gen;        /* in: mt_unwind_proc.gen */
+	__u32 exact_pc;   /* in: pc is not a return address */
+	__u32 n;          /* in/out: frames in out->ips */
+	__u32 reason;     /* out */
+	__u32 frames_fp;  /* out */
+	__u32 bp0_used;   /* out */
+	__u32 pad;
+};
+
+/* The frame loop. A global function: the verifier checks it once, whatever
+ * state its caller is in (inlined, every branch before it -- memo hit or
+ * not, entry probe or not -- multiplied its work past the 1M limit). */
+__attribute__((noinline)) int mt_unwind_walk(struct mt_walk_io *io, struct mt_stack *out,
+					     struct mt_unwind_win *win, struct mt_unwind_proc *proc,
+					     struct mt_memo_ent *me)
+{
+	struct mt_unwind_ctx c = {};
+	__u32 zero = 0;
+
+	if (!io || !out || !win || !proc || !me)
+		return -1;
+	c.rc = bpf_map_lookup_elem(&unwind_rc, &zero);
+	if (!c.rc)
+		return -1;
+	c.out = out;
+	c.win = win;
+	c.proc = proc;
+	c.me = me;
+	c.pc = io->pc;
+	c.sp = io->sp;
+	c.bp = io->bp;
+	c.h = io->h;
+	c.gen = io->gen;
+	c.exact_pc = io->exact_pc;
+	c.n = io->n;
+	bpf_loop(MT_MAX_FRAMES, mt_unwind_step_cb, &c, 0);
+	io->sp = c.sp;
+	io->h = c.h;
+	io->n = c.n;
+	io->reason = c.reason ? c.reason : MT_UC_TRUNC_DEPTH;
+	io->frames_fp = c.frames_fp;
+	io->bp0_used = c.bp0_used;
+	return 0;
+}
+
 static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 					 struct mt_stack *out)
 {
-	struct mt_unwind_ctx c = {};
+	struct mt_walk_io io = {};
+	struct mt_unwind_proc *proc;
+	struct mt_unwind_win *win;
+	struct mt_memo_ent *e;
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	__u32 flags = 0;
+	__u32 zero = 0, slot, n;
 
 	if (unwind_disabled)
 		return -1;
-	c.proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
-	if (!c.proc)
+	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
+	if (!proc)
 		return -1;
-	c.out = out;
-	c.gen = c.proc->gen;
+	io.gen = proc->gen;
+	win = bpf_map_lookup_elem(&unwind_win, &zero);
+	if (!win) /* (never: index 0 of a per-CPU array) */
+		return -1;
+	win->len = 0; /* nothing of this stack read yet */
+	win->floor = r->sp;
 	{
-		__u32 zero = 0;
-		c.win = bpf_map_lookup_elem(&unwind_win, &zero);
-		if (!c.win) /* (never: index 0 of a per-CPU array) */
-			return -1;
-		c.rc = bpf_map_lookup_elem(&unwind_rc, &zero);
-		if (!c.rc)
-			return -1;
-		c.win->len = 0; /* nothing of this stack read yet */
-		c.win->floor = r->sp;
-		{
-			struct task_struct *t = bpf_get_current_task_btf();
-			__u64 ss = BPF_CORE_READ(t, mm, start_stack);
-			c.win->top = ss > r->sp ? (ss + 4095) & ~4095ULL : 0;
-		}
+		/* direct BTF loads (no probe_read helper calls) */
+		struct task_struct *t = bpf_get_current_task_btf();
+		struct mm_struct *mm = t->mm;
+		__u64 ss = mm ? mm->start_stack : 0;
+		win->top = ss > r->sp ? (ss + 4095) & ~4095ULL : 0;
 	}
-	c.sp = r->sp;
-	c.bp = r->bp;
-	c.pc = r->ip;
-	/* Computed, not branched on: both kinds of probe reach the frame
-	 * loop with the same verifier state (one verification of it). */
-	c.exact_pc = (__u32)ret_at >> 31; /* not an entry probe: pc is exact */
+	io.exact_pc = (__u32)ret_at >> 31; /* not an entry probe: pc is exact */
+	io.sp = r->sp;
+	io.bp = r->bp;
+	io.pc = r->ip;
 	if (ret_at >= 0) {
 		/* Entry probe: the return address is at [rsp + ret_at], rbp is
-		 * still the caller's. */
+		 * still the caller's. (This read fills the window the memo
+		 * replay or the walk go on with.) */
 		struct mt_unwind_pair p;
-		if (mt_uread16(c.win, c.sp + ret_at, &p) || !p.a) {
+		if (mt_uread16(win, io.sp + ret_at, &p) || !p.a) {
 			out->nr = 0;
 			return MT_F_NO_STACK;
 		}
-		c.pc = p.a;
-		c.sp = c.sp + ret_at + 8;
+		io.pc = p.a;
+		io.sp = io.sp + ret_at + 8;
 	}
-	out->ips[0] = c.pc;
-	c.n = 1;
-	c.h = mt_hash_step(MT_HASH_SEED, c.pc);
-	bpf_loop(MT_MAX_FRAMES, mt_unwind_step_cb, &c, 0);
-	if (c.reason == 0)
-		c.reason = MT_UC_TRUNC_DEPTH;
+
+	/* Memo key: rsp and the first frame (the call site), so that two
+	 * call paths reaching the allocator at the same depth do not take
+	 * turns evicting each other. */
+	slot = (__u32)(((r->sp ^ (io.pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)io.gen << 40) ^
+			 (__u64)(__u32)ret_at) * 0x9E3779B97F4A7C15ULL) >> 40) &
+	       unwind_memo_mask;
+	e = bpf_map_lookup_elem(&unwind_memo, &slot);
+	if (!e) /* (never: slot is masked by the map's size) */
+		return -1;
+	if (e->gen == io.gen && e->sp == r->sp && e->ip == io.pc && e->ret_at == ret_at &&
+	    (!(e->flags & MT_MEMO_F_BP) || e->bp == r->bp) &&
+	    mt_memo_replay(win, e, io.pc, out) == 0) {
+		mt_unwind_count(MT_UC_MEMO_HITS);
+		return mt_unwind_done(e->nr, e->frames_fp, e->reason);
+	}
 #ifdef MT_UNWIND_CACHE_STATS
-	mt_unwind_add(MT_UC_COUNT + 4, c.sp - r->sp);
+	if (e->gen == 0)
+		mt_unwind_count(MT_UC_COUNT + 5);
+	else if (!(e->gen == io.gen && e->sp == r->sp && e->ret_at == ret_at && e->ip == io.pc))
+		mt_unwind_count(MT_UC_COUNT + 6);
+	else if ((e->flags & MT_MEMO_F_BP) && e->bp != r->bp)
+		mt_unwind_count(MT_UC_COUNT + 7);
+	else
+		mt_unwind_count(MT_UC_COUNT + 8);
 #endif
-	out->nr = c.n > MT_MAX_FRAMES ? MT_MAX_FRAMES : c.n;
-	out->stack_id = c.h ? c.h : 1; /* = mt_stack_hash(out): no second pass */
-	mt_unwind_count(MT_UC_STACKS);
-	mt_unwind_count(c.reason);
-	/* frames past the first (ips[0] is read, not unwound) */
-	if (c.n > 1) {
-		__u32 unwound = c.n - 1;
-		if (unwound > c.frames_fp)
-			mt_unwind_add(MT_UC_FRAMES_CFI, unwound - c.frames_fp);
-		if (c.frames_fp)
-			mt_unwind_add(MT_UC_FRAMES_FP, c.frames_fp);
+	e->gen = 0; /* being rewritten by the walk below */
+	e->nw = 0;
+	out->ips[0] = io.pc;
+	io.n = 1;
+	io.h = mt_hash_step(MT_HASH_SEED, io.pc);
+#ifdef MT_UNWIND_CACHE_STATS
+	{
+		__u64 sp0 = r->sp;
+		if (mt_unwind_walk(&io, out, win, proc, e))
+			return -1;
+		mt_unwind_add(MT_UC_COUNT + 4, io.sp - sp0);
 	}
-	if (c.reason >= MT_UC_TRUNC_DEPTH)
-		flags |= MT_F_STACK_TRUNCATED;
-	return flags;
+#else
+	if (mt_unwind_walk(&io, out, win, proc, e))
+		return -1;
+#endif
+	n = io.n > MT_MAX_FRAMES ? MT_MAX_FRAMES : io.n;
+	out->nr = n;
+	out->stack_id = io.h ? io.h : 1; /* = mt_stack_hash(out): no second pass */
+	if (io.reason != MT_UC_TRUNC_READ && e->nw <= MT_MEMO_WORDS) {
+		e->sp = r->sp;
+		e->ip = io.pc;
+		e->bp = io.bp0_used ? r->bp : 0;
+		e->stack_id = out->stack_id;
+		e->ret_at = ret_at;
+		e->nr = n;
+		e->flags = io.bp0_used ? MT_MEMO_F_BP : 0;
+		e->reason = io.reason;
+		e->frames_fp = io.frames_fp;
+		e->gen = io.gen; /* last: the entry is valid from here */
+	}
+	return mt_unwind_done(n, io.frames_fp, io.reason);
 }
 
 #endif

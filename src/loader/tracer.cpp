@@ -134,6 +134,17 @@ Result<void> Tracer::load() {
   bool cfi = o_.stacks && o_.cfi;
   skel_->rodata->unwind_disabled = !cfi;
   if (!cfi) bpf_map__set_max_entries(skel_->maps.unwind_rows, 1);
+  {
+    // The walk memo is per CPU: up to 1024 entries, within 32 MiB in all
+    // (1024 on up to ~24 CPUs, 256 on 64, 16 at the least).
+    size_t ncpu = std::max(1, libbpf_num_possible_cpus());
+    size_t fit = (size_t(32) << 20) / (ncpu * std::max<size_t>(1, bpf_map__value_size(skel_->maps.unwind_memo)));
+    uint32_t most = bpf_map__max_entries(skel_->maps.unwind_memo), n = 16;
+    while (n * 2 <= fit && n * 2 <= most) n *= 2;
+    if (!cfi) n = 1;
+    bpf_map__set_max_entries(skel_->maps.unwind_memo, n);
+    skel_->rodata->unwind_memo_mask = n - 1;
+  }
   // Not even loaded without --faults: costs nothing when off.
   bpf_program__set_autoload(skel_->progs.mt_page_fault, o_.faults);
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit);
@@ -442,13 +453,21 @@ report::Drops Tracer::drops() {
         "unwind_stacks",        "unwind_frames_cfi",     "unwind_frames_fp",
         "unwind_end_outermost", "unwind_end_zero",       "unwind_trunc_depth",
         "unwind_trunc_no_table", "unwind_trunc_unsupported", "unwind_trunc_read",
-        "unwind_trunc_bad_frame"};
+        "unwind_trunc_bad_frame", "unwind_memo_hits"};
     for (int c = 0; c < MT_UC_COUNT; c++) {
       uint32_t key = c;
       uint64_t sum = 0;
       if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.unwind_counters), &key, vals.data()) == 0)
         for (auto v : vals) sum += v;
       d.stats[names[c]] = sum;
+    }
+    // A build with -DMT_UNWIND_CACHE_STATS (bench A/B) has more counters
+    // after these; shown by index (their meaning: bpf/unwind.bpf.h).
+    for (uint32_t c = MT_UC_COUNT + 1; c < bpf_map__max_entries(skel_->maps.unwind_counters); c++) {
+      uint64_t sum = 0;
+      if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.unwind_counters), &c, vals.data()) == 0)
+        for (auto v : vals) sum += v;
+      d.stats["unwind_debug_" + std::to_string(c - MT_UC_COUNT)] = sum;
     }
     auto us = unwind_->stats();
     d.stats["unwind_table_bytes"] = us.map_bytes;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -168,6 +169,59 @@ TEST(UnwindBpf, SharedLibraryWithoutFramePointers) { check({{kTarget, "shlib"}})
 TEST(UnwindBpf, CxxOperatorNewInTemplate) { check({{UNW_DIR "/cxx_target"}}); }
 TEST(UnwindBpf, Thread) { check({{kTarget, "thread"}, true}); }
 TEST(UnwindBpf, Recursion200Truncated) { check({{kTarget, "recurse"}, false, true}); }
+
+// The walk memo (bpf/unwind.bpf.h) replays a stack when the registers, the
+// first frame and every stack word the last walk from there read are the
+// same. m_a and m_b reach malloc at the same rsp through the same first
+// frame and differ only further up; the chain path's rsp moves with an
+// alloca and its frames do not (c3's CFA comes from rbp). 3000 allocations
+// in a pseudo-random order: every one on its own path's stack, counts exact,
+// and most of them replayed.
+TEST(UnwindBpf, WalkMemoReplaysOnlyIdenticalStacks) {
+  MEMTRACE_REQUIRE_ROOT();
+  unsigned s = 12345, want[3] = {0, 0, 0};
+  for (int i = 0; i < 3000; i++) {
+    s = s * 1103515245u + 12345u;
+    want[(s >> 16) % 3]++;
+  }
+  harness::Options opt;
+  opt.mark_size = kMark;
+  auto run = harness::trace({kTarget, "memo"}, opt);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  EXPECT_EQ(run->exit_status, 0) << "exit 3: m_a and m_b did not reach malloc at the same rsp";
+  harness::Symbolizer sym(run->maps);
+  unsigned got[3] = {0, 0, 0};
+  for (const auto& st : run->stacks) {
+    std::string names;
+    for (auto ip : st.ips) names += norm(sym.name(ip)) + " ";
+    auto has = [&](const char* f) { return names.find(std::string(" ") + f + " ") != std::string::npos; };
+    names = " " + names;
+    int path = has("m_a") ? 0 : has("m_b") ? 1 : has("c3") ? 2 : -1;
+    ASSERT_GE(path, 0) << "stack on no known path: " << names;
+    // each path's own frames, and none of the others' (a replay of the
+    // wrong path's walk would mix them: stale words of the other layout)
+    static const std::vector<const char*> own[3] = {
+        {"m_leaf", "m_a", "w_a", "run", "main"},
+        {"m_leaf", "m_b", "w_b", "run", "main"},
+        {"c6", "c5", "c4", "c3", "c2", "c1", "run", "main"}};
+    for (const char* f : own[path]) EXPECT_TRUE(has(f)) << "path " << path << " lacks " << f << ":" << names;
+    for (int q = 0; q < 3; q++)
+      if (q != path)
+        for (const char* f : own[q])
+          if (strcmp(f, "run") && strcmp(f, "main") && strcmp(f, "m_leaf"))  // shared
+            EXPECT_FALSE(has(f)) << "path " << path << " has " << f << ":" << names;
+    EXPECT_FALSE(st.flags & MT_F_STACK_TRUNCATED) << names;
+    got[path] += st.count;
+  }
+  EXPECT_EQ(run->stacks.size(), 3u) << "one stack per path";
+  for (int p = 0; p < 3; p++) EXPECT_EQ(got[p], want[p]) << "path " << p;
+  EXPECT_EQ(run->counters[MT_UC_STACKS], 3000u);
+  EXPECT_EQ(run->counters[MT_UC_END_OUTERMOST], 3000u) << "every stack complete";
+  EXPECT_GT(run->counters[MT_UC_MEMO_HITS], 1000u) << "the memo was not exercised";
+  EXPECT_LT(run->counters[MT_UC_MEMO_HITS], 3000u) << "a path change must miss";
+  std::printf("memo: %lu of 3000 stacks replayed; paths %u %u %u\n",
+              (unsigned long)run->counters[MT_UC_MEMO_HITS], want[0], want[1], want[2]);
+}
 
 // Without tables (unwind_disabled) the same chain stops within a frame or
 // two: what the CFI walk is for.

@@ -3,7 +3,10 @@
  * makes exactly one allocation of UNW_MARK bytes through a known chain; the
  * test compares the BPF stack of that malloc with gdb's `bt`.
  *
- *   unwind_target MODE      MODE: chain | qsort | shlib | thread | recurse
+ *   unwind_target MODE      MODE: chain | qsort | shlib | thread | recurse | memo
+ *
+ * memo makes MEMO_CALLS allocations of UNW_MARK bytes through three paths in
+ * a pseudo-random order (the test repeats the sequence to know the counts).
  */
 #include <alloca.h>
 #include <pthread.h>
@@ -56,6 +59,50 @@ NOINL void *recurse(int depth, size_t n)
 	return p;
 }
 
+/* Two paths that reach malloc through m_leaf at the same rsp and with the
+ * same first frame (the return address into m_leaf), and lay out the stack
+ * above differently: m_a has a 512-byte frame, m_b a small one, and w_b's
+ * alloca makes up the difference (calibrated at run time). The BPF walk
+ * memo, keyed by rsp and first frame, must tell them apart by the stack
+ * words further up, not replay one path's frames for the other. */
+#define MEMO_CALLS 3000
+static char *volatile leaf_sp[2];
+NOINL void *m_leaf(size_t n, int which)
+{
+	volatile char x = 0;
+	leaf_sp[which] = (char *)&x;
+	void *p = malloc(n);
+	sink += x + 7;
+	return p;
+}
+NOINL void *m_a(size_t n)
+{
+	volatile char big[512];
+	big[sink & 511] = 1;
+	void *p = m_leaf(n, 0);
+	sink += 1 + big[0];
+	return p;
+}
+NOINL void *m_b(size_t n) { void *p = m_leaf(n, 1); sink += 2; return p; }
+NOINL void *w_a(size_t n, size_t pad)
+{
+	char *v = __builtin_alloca(pad + 1);
+	v[0] = 0;
+	__asm__ volatile("" : : "r"(v) : "memory");
+	void *p = m_a(n);
+	sink += v[0];
+	return p;
+}
+NOINL void *w_b(size_t n, size_t pad)
+{
+	char *v = __builtin_alloca(pad + 1);
+	v[0] = 0;
+	__asm__ volatile("" : : "r"(v) : "memory");
+	void *p = m_b(n);
+	sink += v[0];
+	return p;
+}
+
 NOINL void *thread_work(size_t n) { void *p = malloc(n); sink++; return p; }
 NOINL void *thread_main(void *arg) { keep = thread_work(UNW_MARK); sink++; return NULL; }
 
@@ -76,6 +123,38 @@ NOINL void run(const char *mode)
 		pthread_join(t, NULL);
 	} else if (!strcmp(mode, "recurse")) {
 		keep = recurse(200, UNW_MARK);
+	} else if (!strcmp(mode, "memo")) {
+		/* calibrate w_b's alloca (1-byte mallocs: not marked) */
+		size_t pad = 0;
+		for (int k = 0; k < 8; k++) {
+			free(w_a(1, 0));
+			free(w_b(1, pad));
+			if (leaf_sp[0] == leaf_sp[1] || leaf_sp[1] < leaf_sp[0])
+				break;
+			pad += leaf_sp[1] - leaf_sp[0];
+		}
+		if (leaf_sp[0] != leaf_sp[1]) {
+			fprintf(stderr, "m_a and m_b do not reach malloc at the same rsp\n");
+			exit(3);
+		}
+		/* the third path is the chain above: its rsp at malloc changes
+		 * with c3's alloca (sink's parity), its frames do not */
+		unsigned s = 12345, na = 0, nb = 0, nc = 0;
+		for (int i = 0; i < MEMO_CALLS; i++) {
+			void *p;
+			s = s * 1103515245u + 12345u;
+			switch ((s >> 16) % 3) {
+			case 0: p = w_a(UNW_MARK, 0); na++; break;
+			case 1: p = w_b(UNW_MARK, pad); nb++; break;
+			default: p = c1(UNW_MARK); nc++; break;
+			}
+			free(p);
+		}
+		printf("memo %u %u %u (pad %zu)\n", na, nb, nc, pad);
+		if (leaf_sp[0] != leaf_sp[1]) {
+			fprintf(stderr, "m_a and m_b reached malloc at different rsp\n");
+			exit(3);
+		}
 	}
 	sink++;
 }
