@@ -161,8 +161,14 @@ struct mt_memo_ent {
 	__u32 flags;    /* MT_MEMO_F_* */
 	__u16 reason;   /* enum mt_unwind_counter that ended the walk */
 	__u16 frames_fp;
-	__u32 ra_k;     /* while recording: word index of the return address just read */
-	__u32 pad;
+	/* While recording (in the entry, not in the walk's context: loaded
+	 * from map memory they are unknown numbers to the verifier, which
+	 * otherwise checks the frame step once per combination of values). */
+	__u32 ra_k;     /* word index of the return address just read */
+	__u32 bp_mem;   /* rbp was read from the stack (not the probe's) */
+	__u32 bp_rec;   /* ... and that word is recorded already */
+	__u32 bp0_used; /* the walk used the probe's rbp */
+	__u64 bp_addr;  /* where rbp was read from */
 	__u64 addr[MT_MEMO_WORDS];
 	__u64 val[MT_MEMO_WORDS];
 	__u8 oi[MT_MEMO_WORDS]; /* word i is ips[oi[i]] (0xff: not a frame, a saved rbp) */
@@ -281,10 +287,6 @@ struct mt_unwind_ctx {
 	__u32 frames_fp;/* of n: recovered by the frame-pointer fallback */
 	__u64 h;        /* mt_stack_hash of ips[0..n), folded in as frames are found */
 	struct mt_memo_ent *me; /* memo entry this walk records into (NULL: none) */
-	__u32 bp_mem;   /* bp was read from the stack (not the probe's rbp) */
-	__u32 bp_rec;   /* ... and that word is in the memo already */
-	__u64 bp_addr;  /* ... from there */
-	__u32 bp0_used; /* the walk depended on the probe's rbp */
 };
 
 /* Memo: the walk used the stack word val at addr. is_ra: it is the return
@@ -332,20 +334,28 @@ static __always_inline void mt_memo_frame(struct mt_unwind_ctx *c)
  * counters) would otherwise make every stack look new. */
 static __always_inline void mt_memo_use_bp(struct mt_unwind_ctx *c)
 {
-	if (!c->bp_mem) {
-		c->bp0_used = 1;
-	} else if (!c->bp_rec) {
-		mt_memo_rec(c, c->bp_addr, c->bp, 0);
-		c->bp_rec = 1;
+	struct mt_memo_ent *e = c->me;
+
+	if (!e)
+		return;
+	if (!e->bp_mem) {
+		e->bp0_used = 1;
+	} else if (!e->bp_rec) {
+		mt_memo_rec(c, e->bp_addr, c->bp, 0);
+		e->bp_rec = 1;
 	}
 }
 
 /* The caller's rbp was read from the stack at addr (recorded if used). */
 static __always_inline void mt_memo_bp_read(struct mt_unwind_ctx *c, __u64 addr)
 {
-	c->bp_mem = 1;
-	c->bp_rec = 0;
-	c->bp_addr = addr;
+	struct mt_memo_ent *e = c->me;
+
+	if (!e)
+		return;
+	e->bp_mem = 1;
+	e->bp_rec = 0;
+	e->bp_addr = addr;
 }
 
 /* Binary searches run under bpf_loop too: as plain bounded loops the
@@ -696,7 +706,6 @@ struct mt_walk_io {
 	__u32 n;          /* in/out: frames in out->ips */
 	__u32 reason;     /* out */
 	__u32 frames_fp;  /* out */
-	__u32 bp0_used;   /* out */
 	__u32 pad;
 };
 
@@ -732,7 +741,6 @@ __attribute__((noinline)) int mt_unwind_walk(struct mt_walk_io *io, struct mt_st
 	io->n = c.n;
 	io->reason = c.reason ? c.reason : MT_UC_TRUNC_DEPTH;
 	io->frames_fp = c.frames_fp;
-	io->bp0_used = c.bp0_used;
 	return 0;
 }
 
@@ -808,6 +816,8 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 #endif
 	e->gen = 0; /* being rewritten by the walk below */
 	e->nw = 0;
+	e->bp_mem = 0;
+	e->bp0_used = 0;
 	out->ips[0] = io.pc;
 	io.n = 1;
 	io.h = mt_hash_step(MT_HASH_SEED, io.pc);
@@ -828,11 +838,11 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	if (io.reason != MT_UC_TRUNC_READ && e->nw <= MT_MEMO_WORDS) {
 		e->sp = r->sp;
 		e->ip = io.pc;
-		e->bp = io.bp0_used ? r->bp : 0;
+		e->bp = e->bp0_used ? r->bp : 0;
 		e->stack_id = out->stack_id;
 		e->ret_at = ret_at;
 		e->nr = n;
-		e->flags = io.bp0_used ? MT_MEMO_F_BP : 0;
+		e->flags = e->bp0_used ? MT_MEMO_F_BP : 0;
 		e->reason = io.reason;
 		e->frames_fp = io.frames_fp;
 		e->gen = io.gen; /* last: the entry is valid from here */
