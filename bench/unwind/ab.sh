@@ -4,7 +4,7 @@
 # run time per call (kernel.bpf_stats_enabled, bpftool sampled every 50 ms),
 # runs alternating A, B, A, B... (this VM's speed drifts by minutes: only
 # interleaved medians compare). Prints each run and the medians.
-#   sudo bench/unwind/ab.sh BUILD_A BUILD_B [W1|W3] [REPS] [-- MEMTRACE_OPTS...]
+#   sudo bench/unwind/ab.sh BUILD_A BUILD_B [W1|W2|W3] [REPS] [-- MEMTRACE_OPTS...]
 # e.g. build a variant:  cmake -S . -B build-x -DMEMTRACE_BPF_CFLAGS=-DMT_UNWIND_WIN_BYTES=8192
 #                        cmake --build build-x --target memtrace-bpf -j2
 #      then:             sudo bench/unwind/ab.sh build build-x W3 7
@@ -19,6 +19,7 @@ SAMPLER=
 trap '[ -n "$SAMPLER" ] && kill $SAMPLER 2>/dev/null; sysctl -q kernel.bpf_stats_enabled=0; rm -rf "$TMP"' EXIT
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
 python3 "$ROOT/bench/workloads/w3_gen_sql.py" "$TMP/w3.sql" >/dev/null
+cc -O2 -fno-builtin -o "$TMP/w2" "$ROOT/bench/workloads/w2_malloc_loop.c"
 sysctl -q kernel.bpf_stats_enabled=1
 one() { # BUILD -> "traced_us ns_per_call"
   b=$1; shift
@@ -29,6 +30,8 @@ one() { # BUILD -> "traced_us ns_per_call"
   if [ "$W" = W1 ]; then
     PYTHONMALLOC=malloc "$b/src/loader/memtrace-bpf" $OPTS --format json -o "$TMP/r.json" -- \
       python3 "$ROOT/bench/workloads/w1_json_dicts.py" >/dev/null 2>&1
+  elif [ "$W" = W2 ]; then
+    "$b/src/loader/memtrace-bpf" $OPTS --format json -o "$TMP/r.json" -- "$TMP/w2" 2000000 >/dev/null 2>&1
   else
     "$b/src/loader/memtrace-bpf" $OPTS --format json -o "$TMP/r.json" -- sqlite3 :memory: ".read $TMP/w3.sql" >/dev/null 2>&1
   fi
