@@ -156,7 +156,8 @@ struct mt_memo_ent {
 	__u64 bp;       /* rbp at the probe (MT_MEMO_F_BP), else 0 */
 	__u64 stack_id; /* mt_stack_hash of the result */
 	__u64 used;     /* unwind_win.clock when last hit or written (LRU of a set's two ways) */
-	__u32 gen;      /* mt_unwind_proc.gen; 0: empty or being written */
+	__u32 gen;      /* unwind_epoch when written; 0: empty or being written */
+	__u32 tgid;
 	__s32 ret_at;
 	__u32 nw;       /* words recorded */
 	__u32 nr;       /* frames of the result */
@@ -182,6 +183,17 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mt_memo_ent);
 } unwind_memo SEC(".maps");
+/* Set by the loader (UnwindMaps) to a new value whenever any process's
+ * tables are published or removed: the memo is keyed by (tgid, epoch), so a
+ * hit needs no unwind_procs lookup (a hash lookup, ~70 ns) and never replays
+ * a walk made with other tables. 0: no tables yet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_epoch SEC(".maps");
+
 /* unwind_memo's max_entries - 1 (power of 2), set through skel->rodata. */
 const volatile __u32 unwind_memo_mask = MT_MEMO_ENTRIES - 1;
 
@@ -748,10 +760,10 @@ __attribute__((noinline)) int mt_unwind_walk(struct mt_walk_io *io, struct mt_st
 
 /* Memo entry e was recorded for these registers, first frame and rows. */
 static __always_inline bool mt_memo_key_ok(const struct mt_memo_ent *e, const struct mt_walk_io *io,
-					   const struct mt_uregs *r, int ret_at)
+					   const struct mt_uregs *r, int ret_at, __u32 epoch, __u32 tgid)
 {
-	return e->gen == io->gen && e->sp == r->sp && e->ip == io->pc && e->ret_at == ret_at &&
-	       (!(e->flags & MT_MEMO_F_BP) || e->bp == r->bp);
+	return e->gen == epoch && e->tgid == tgid && e->sp == r->sp && e->ip == io->pc &&
+	       e->ret_at == ret_at && (!(e->flags & MT_MEMO_F_BP) || e->bp == r->bp);
 }
 
 static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
@@ -762,14 +774,15 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	struct mt_unwind_win *win;
 	struct mt_memo_ent *e, *e1;
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	__u32 zero = 0, slot, n;
+	__u32 zero = 0, slot, n, epoch;
+	__u64 *ep;
 
 	if (unwind_disabled)
 		return -1;
-	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
-	if (!proc)
+	ep = bpf_map_lookup_elem(&unwind_epoch, &zero);
+	if (!ep || !*ep) /* no tables anywhere yet */
 		return -1;
-	io.gen = proc->gen;
+	epoch = (__u32)*ep;
 	win = bpf_map_lookup_elem(&unwind_win, &zero);
 	if (!win) /* (never: index 0 of a per-CPU array) */
 		return -1;
@@ -804,8 +817,8 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	 * turns evicting each other. Two ways per set: one call site at one
 	 * depth is often reached from two places further up (sqlite3: 35% of
 	 * its stacks missed with one way). */
-	slot = (__u32)(((r->sp ^ (io.pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)io.gen << 40) ^
-			 (__u64)(__u32)ret_at) * 0x9E3779B97F4A7C15ULL) >> 40) &
+	slot = (__u32)(((r->sp ^ (io.pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)epoch << 40) ^
+			 ((__u64)tgid << 20) ^ (__u64)(__u32)ret_at) * 0x9E3779B97F4A7C15ULL) >> 40) &
 	       unwind_memo_mask & ~1u;
 	e = bpf_map_lookup_elem(&unwind_memo, &slot);
 	slot |= 1;
@@ -813,12 +826,12 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	if (!e || !e1) /* (never: slot is masked by the map's size) */
 		return -1;
 	win->clock++;
-	if (mt_memo_key_ok(e, &io, r, ret_at) && mt_memo_replay(win, e, io.pc, out) == 0) {
+	if (mt_memo_key_ok(e, &io, r, ret_at, epoch, tgid) && mt_memo_replay(win, e, io.pc, out) == 0) {
 		e->used = win->clock;
 		mt_unwind_count(MT_UC_MEMO_HITS);
 		return mt_unwind_done(e->nr, e->frames_fp, e->reason);
 	}
-	if (mt_memo_key_ok(e1, &io, r, ret_at) && mt_memo_replay(win, e1, io.pc, out) == 0) {
+	if (mt_memo_key_ok(e1, &io, r, ret_at, epoch, tgid) && mt_memo_replay(win, e1, io.pc, out) == 0) {
 		e1->used = win->clock;
 		mt_unwind_count(MT_UC_MEMO_HITS);
 		return mt_unwind_done(e1->nr, e1->frames_fp, e1->reason);
@@ -826,11 +839,18 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 #ifdef MT_UNWIND_CACHE_STATS
 	if (e->gen == 0 || e1->gen == 0)
 		mt_unwind_count(MT_UC_COUNT + 5);
-	else if (!mt_memo_key_ok(e, &io, r, ret_at) && !mt_memo_key_ok(e1, &io, r, ret_at))
+	else if (!mt_memo_key_ok(e, &io, r, ret_at, epoch, tgid) &&
+		 !mt_memo_key_ok(e1, &io, r, ret_at, epoch, tgid))
 		mt_unwind_count(MT_UC_COUNT + 6);
 	else
 		mt_unwind_count(MT_UC_COUNT + 8);
 #endif
+	/* A miss: the walk needs this process's tables (none: the caller's
+	 * frame-pointer walk; its window was read for nothing, rare). */
+	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
+	if (!proc)
+		return -1;
+	io.gen = proc->gen;
 	if (e1->used < e->used) /* replace the way used less recently */
 		e = e1;
 	e->used = win->clock;
@@ -865,7 +885,8 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 		e->flags = e->bp0_used ? MT_MEMO_F_BP : 0;
 		e->reason = io.reason;
 		e->frames_fp = io.frames_fp;
-		e->gen = io.gen; /* last: the entry is valid from here */
+		e->tgid = tgid;
+		e->gen = epoch; /* last: the entry is valid from here */
 	}
 	return mt_unwind_done(n, io.frames_fp, io.reason);
 }

@@ -165,7 +165,8 @@ Result<void> Tracer::load() {
   attacher_ = std::make_unique<Attacher>(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit,
                                         o_.allocator);
   if (cfi) {
-    auto u = unwind::UnwindMaps::create(skel_->maps.unwind_rows, skel_->maps.unwind_procs);
+    auto u = unwind::UnwindMaps::create(skel_->maps.unwind_rows, skel_->maps.unwind_procs,
+                                        skel_->maps.unwind_epoch);
     if (!u) return u.error();
     unwind_ = std::move(*u);
   }

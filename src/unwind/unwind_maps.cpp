@@ -38,15 +38,19 @@ Result<std::vector<ProcMapping>> read_proc_maps(pid_t pid) {
   return out;
 }
 
-Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create(const bpf_map* rows, const bpf_map* procs) {
-  return create_fds(bpf_map__fd(rows), bpf_map__max_entries(rows), bpf_map__fd(procs));
+Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create(const bpf_map* rows, const bpf_map* procs,
+                                                       const bpf_map* epoch) {
+  return create_fds(bpf_map__fd(rows), bpf_map__max_entries(rows), bpf_map__fd(procs),
+                    epoch ? bpf_map__fd(epoch) : -1);
 }
 
-Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create_fds(int rows_fd, uint32_t max_rows, int procs_fd) {
+Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create_fds(int rows_fd, uint32_t max_rows, int procs_fd,
+                                                           int epoch_fd) {
   if (rows_fd < 0 || procs_fd < 0) return Error::msg("unwind maps: BPF maps not created (skeleton not loaded?)");
   std::unique_ptr<UnwindMaps> m(new UnwindMaps());
   m->rows_fd_ = rows_fd;
   m->procs_fd_ = procs_fd;
+  m->epoch_fd_ = epoch_fd;
   m->max_rows_ = max_rows;
   long page = sysconf(_SC_PAGESIZE);
   size_t len = (size_t(max_rows) * sizeof(mt_unwind_row) + page - 1) / page * page;
@@ -160,6 +164,7 @@ Result<void> UnwindMaps::publish(pid_t pid) {
   __u32 key = static_cast<__u32>(pid);
   if (bpf_map_update_elem(procs_fd_, &key, v.get(), BPF_ANY) != 0)
     return Error::sys("update BPF map unwind_procs for pid " + std::to_string(pid));
+  bump_epoch(v->gen);  // after the value: a walk stamped with the old epoch is dropped
   if (ms.size() > MT_UNWIND_MAX_MAPPINGS)
     return Error::msg("pid " + std::to_string(pid) + ": more than " + std::to_string(MT_UNWIND_MAX_MAPPINGS) +
                       " executable mappings; the rest use frame pointers");
@@ -246,6 +251,15 @@ void UnwindMaps::remove_process(pid_t pid) {
   procs_.erase(it);
   __u32 key = static_cast<__u32>(pid);
   bpf_map_delete_elem(procs_fd_, &key);
+  if (++gen_ == 0) ++gen_;
+  bump_epoch(gen_);
+}
+
+void UnwindMaps::bump_epoch(uint32_t gen) {
+  if (epoch_fd_ < 0) return;
+  __u32 zero = 0;
+  __u64 v = gen;
+  bpf_map_update_elem(epoch_fd_, &zero, &v, BPF_ANY);
 }
 
 UnwindStats UnwindMaps::stats() const {

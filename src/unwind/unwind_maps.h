@@ -2,7 +2,8 @@
 // bpf/unwind.bpf.h and records, per traced process, which executable
 // mapping uses which table (with its load bias).
 //
-//   auto maps = UnwindMaps::create(skel->maps.unwind_rows, skel->maps.unwind_procs);
+//   auto maps = UnwindMaps::create(skel->maps.unwind_rows, skel->maps.unwind_procs,
+//                                  skel->maps.unwind_epoch);
 //   maps->add_process(pid);                       // at attach: every r-x file mapping
 //   maps->on_exec_mapping(pid, start, end, off);  // process mapped a new r-x file
 //   maps->remove_process(pid);                    // exit (exec: add_process again)
@@ -49,9 +50,14 @@ struct UnwindStats {
 class UnwindMaps {
  public:
   // From the two maps of a loaded skeleton (unwind_rows, unwind_procs).
-  static Result<std::unique_ptr<UnwindMaps>> create(const bpf_map* rows, const bpf_map* procs);
+  // unwind_epoch (may be null): set to a new value at every publish and
+  // removal, so that the BPF walk memo, keyed by (tgid, epoch), never
+  // replays a walk made with other tables.
+  static Result<std::unique_ptr<UnwindMaps>> create(const bpf_map* rows, const bpf_map* procs,
+                                                    const bpf_map* epoch = nullptr);
   // From raw map fds (not owned) and the rows array size.
-  static Result<std::unique_ptr<UnwindMaps>> create_fds(int rows_fd, uint32_t max_rows, int procs_fd);
+  static Result<std::unique_ptr<UnwindMaps>> create_fds(int rows_fd, uint32_t max_rows, int procs_fd,
+                                                        int epoch_fd = -1);
   ~UnwindMaps();
   UnwindMaps(const UnwindMaps&) = delete;
   UnwindMaps& operator=(const UnwindMaps&) = delete;
@@ -90,6 +96,8 @@ class UnwindMaps {
 
   int rows_fd_ = -1;
   int procs_fd_ = -1;
+  int epoch_fd_ = -1;
+  void bump_epoch(uint32_t gen);
   uint32_t max_rows_ = 0;
   void* rows_mem_ = nullptr;  // the mmap-able rows array
   size_t rows_mem_len_ = 0;
