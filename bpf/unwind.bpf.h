@@ -43,8 +43,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 #ifdef MT_UNWIND_CACHE_STATS
-	/* + -, L1 hits, L1 misses, refills, span bytes, memo: empty slot,
-	 * key differs, rbp differs, a word differs */
+	/* + -, L1 hits, L1 misses, refills, span bytes, memo misses: an empty
+	 * way, no way's key matches, (unused), a key matched but a word differs */
 	__uint(max_entries, MT_UC_COUNT + 9);
 #else
 	__uint(max_entries, MT_UC_COUNT);
@@ -300,7 +300,7 @@ struct mt_unwind_ctx {
 	__u32 gen;      /* proc->gen */
 	__u32 frames_fp;/* of n: recovered by the frame-pointer fallback */
 	__u64 h;        /* mt_stack_hash of ips[0..n), folded in as frames are found */
-	struct mt_memo_ent *me; /* memo entry this walk records into (NULL: none) */
+	struct mt_memo_ent *me; /* memo entry this walk records into */
 };
 
 /* Memo: the walk used the stack word val at addr. is_ra: it is the return
