@@ -67,6 +67,14 @@ static __always_inline struct mt_inflight *inflight_get(__u64 create)
 	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, create);
 }
 
+/* bpf_get_current_pid_tgid() from a task pointer the program has anyway:
+ * two loads instead of a helper call (each call returns through the
+ * kernel's return thunk; the allocator probes made four per allocation). */
+static __always_inline __u64 task_pid_tgid(struct task_struct *t)
+{
+	return (__u64)(__u32)t->tgid << 32 | (__u32)t->pid;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -229,7 +237,8 @@ static __always_inline __u64 mul_sat(__u64 a, __u64 b)
 SEC("uprobe")
 int mt_alloc_enter(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 pid_tgid = task_pid_tgid(task);
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 role = cookie & 0xff;
 	int ret_at = (int)(cookie >> 8);
@@ -244,7 +253,8 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	 * cur is known non-NULL across the stack capture below (a
 	 * pointer-or-NULL live across it would make the verifier check the
 	 * unwinder once per case). */
-	cur = inflight_get(role == MT_ROLE_FREE ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
+	cur = bpf_task_storage_get(&inflight, task, 0,
+				   role == MT_ROLE_FREE ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (cur && cur->depth > 0) {
 		if (sp <= cur->sp) {
 			/* A public entry point called from inside another
@@ -280,7 +290,8 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	 * that the verifier checks the unwinder once (mt_alloc_enter: 170k
 	 * instructions verified, 320k before). */
 	{
-		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx)};
+		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx),
+				     .tgid = pid_tgid >> 32};
 		rec.stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
 	}
 	rec.flags = flags;
@@ -325,8 +336,9 @@ int mt_alloc_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int mt_alloc_exit(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct mt_inflight *cur = inflight_get(0);
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 pid_tgid = task_pid_tgid(task);
+	struct mt_inflight *cur = bpf_task_storage_get(&inflight, task, 0, 0);
 	__u64 ret = PT_REGS_RC(ctx);
 	__u64 size, addr;
 	__u32 role;
@@ -393,11 +405,13 @@ static __always_inline void save_args(__u64 pid_tgid, __u64 a0, __u64 a1, __u64 
 		count(MT_C_SYSARGS_FULL);
 }
 
-static __always_inline struct mt_uregs user_regs(void)
+static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	struct mt_uregs r = {
-		.ip = PT_REGS_IP_CORE(regs), .sp = PT_REGS_SP_CORE(regs), .bp = PT_REGS_FP_CORE(regs)};
+	struct mt_uregs r = {.ip = PT_REGS_IP_CORE(regs),
+			     .sp = PT_REGS_SP_CORE(regs),
+			     .bp = PT_REGS_FP_CORE(regs),
+			     .tgid = pid_tgid >> 32};
 	return r;
 }
 
@@ -462,7 +476,7 @@ int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 		flags |= MT_F_ALLOCATOR_INTERNAL;
 	else if (!((__s32)args.a3 >= 0) || /* anonymous direct mapping: keep its stack */
 		 !(args.a1 & PROT_EXEC)) {
-		struct mt_uregs r = user_regs();
+		struct mt_uregs r = user_regs(pid_tgid);
 		stack_id = take_stack(&r, MT_RET_UNKNOWN, &flags, pid_tgid);
 	}
 	emit(MT_EV_MMAP, flags, pid_tgid, ret, args.a0, 0, (args.a1 << 32) | (args.a2 & 0xffffffff),

@@ -4,9 +4,10 @@
  * CFI walk wherever a pc has no table row). Included by memtrace.bpf.c.
  *
  * mt_capture_stack(r, ret_at, out):
- *   r       user ip, sp, rbp at the probe, read once by the caller (uprobe:
- *           directly from ctx; tracepoints: from bpf_task_pt_regs). Each
- *           PT_REGS_*_CORE read is a bpf_probe_read_kernel call (~30 ns).
+ *   r       user ip, sp, rbp at the probe and the current tgid, read once
+ *           by the caller (uprobe: directly from ctx; tracepoints: from
+ *           bpf_task_pt_regs). Each PT_REGS_*_CORE read is a
+ *           bpf_probe_read_kernel call (~30 ns).
  *   ret_at  where the probed function's return address lives: [rsp + ret_at]
  *           for an entry probe (0 at function+0, 8 after one push, ...);
  *           MT_RET_UNKNOWN when the probe is not at a function entry.

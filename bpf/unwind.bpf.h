@@ -673,6 +673,8 @@ static long mt_unwind_step_cb(__u64 i, void *arg)
 /* User registers at the probe, as plain values. */
 struct mt_uregs {
 	__u64 ip, sp, bp;
+	__u32 tgid; /* of the current task */
+	__u32 pad;
 };
 
 /* A planned refill: len bytes of user memory at start into the window
@@ -872,7 +874,7 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	struct mt_unwind_proc *proc;
 	struct mt_unwind_win *win;
 	struct mt_memo_ent *e, *e1;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u32 tgid = r->tgid;
 	__u32 zero = 0, slot, n, epoch;
 	__u64 *ep;
 

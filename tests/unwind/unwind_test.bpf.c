@@ -52,7 +52,8 @@ int BPF_KPROBE(on_malloc, __u64 size)
 	if (!s)
 		return 0;
 	{
-		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = PT_REGS_SP(ctx), .bp = PT_REGS_FP(ctx)};
+		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = PT_REGS_SP(ctx), .bp = PT_REGS_FP(ctx),
+				     .tgid = pid_tgid >> 32};
 		flags = mt_capture_stack(&r, 0, s);
 	}
 	id = mt_stack_hash(s) ^ flags;
