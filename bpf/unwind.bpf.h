@@ -43,8 +43,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 #ifdef MT_UNWIND_CACHE_STATS
-	/* + -, L1 hits, L1 misses, refills, span bytes, memo misses: an empty
-	 * way, no way's key matches, (unused), a key matched but a word differs */
+	/* + -, L1 hits, L1 misses, refills, span bytes, (unused x3), replays
+	 * that found a word changed */
 	__uint(max_entries, MT_UC_COUNT + 9);
 #else
 	__uint(max_entries, MT_UC_COUNT);
@@ -140,8 +140,9 @@ struct {
 	__type(value, struct mt_unwind_rc);
 } unwind_rc SEC(".maps");
 
-/* Walk memo (per CPU, direct-mapped by the probe's rsp): what the last walk
- * from this rsp read and found. A walk is a function of the probe's
+/* Walk memo (per CPU, MT_MEMO_WAYS-way set-associative, keyed by the
+ * probe's rsp and first frame): what the last walks from there read and
+ * found. A walk is a function of the probe's
  * registers (rsp; rip at a non-entry probe; rbp when a row or the
  * frame-pointer fallback used it before a saved rbp replaced it), the rows
  * (named by mt_unwind_proc.gen) and the stack words it read. If all of those
@@ -161,7 +162,7 @@ struct mt_memo_ent {
 	__u64 ip;       /* first frame: the return address at an entry probe, else rip */
 	__u64 bp;       /* rbp at the probe (MT_MEMO_F_BP), else 0 */
 	__u64 stack_id; /* mt_stack_hash of the result */
-	__u64 used;     /* unwind_win.clock when last hit or written (LRU of a set's two ways) */
+	__u64 used;     /* unwind_win.clock when last hit or written (LRU of a set's ways) */
 	__u32 gen;      /* unwind_epoch when written; 0: empty or being written */
 	__u32 tgid;
 	__s32 ret_at;
@@ -859,21 +860,74 @@ __attribute__((noinline)) int mt_unwind_walk(struct mt_walk_io *io, struct mt_st
 	return 0;
 }
 
-/* Memo entry e was recorded for these registers, first frame and rows. */
-static __always_inline bool mt_memo_key_ok(const struct mt_memo_ent *e, const struct mt_walk_io *io,
-					   const struct mt_uregs *r, int ret_at, __u32 epoch, __u32 tgid)
+/* What a memo entry is keyed by, and what mt_memo_lookup found (global
+ * functions take at most five arguments). */
+struct mt_memo_key {
+	__u64 sp, bp;   /* rsp, rbp at the probe */
+	__u64 pc;       /* first frame */
+	__s32 ret_at;
+	__u32 epoch;
+	__u32 tgid;
+	__u32 slot;     /* in: first way of the set; out: the way to record into */
+	__u32 nr, frames_fp, reason; /* out, on a hit */
+	__u32 pad;
+};
+
+#define MT_MEMO_WAYS 4 /* power of 2, <= the smallest memo the loader makes (16) */
+
+/* The memo set at k->slot: replays the first way recorded for these
+ * registers whose words are unchanged. 0: a hit, out holds the stack; -1: a
+ * miss, k->slot is the way to record the walk into (empty, or the least
+ * recently used). Four ways: one call site at one depth is often reached
+ * from several places further up (sqlite3: 35% of its stacks missed with
+ * one way, 20% with two, all of them with the key of a recorded way). A
+ * global function: verified once, whatever its caller did before. */
+__attribute__((noinline)) int mt_memo_lookup(struct mt_unwind_win *win, struct mt_memo_key *k,
+					     struct mt_stack *out)
 {
-	return e->gen == epoch && e->tgid == tgid && e->sp == r->sp && e->ip == io->pc &&
-	       e->ret_at == ret_at && (!(e->flags & MT_MEMO_F_BP) || e->bp == r->bp);
+	__u64 oldest = ~0ULL;
+	__u32 first, victim;
+
+	if (!win || !k || !out)
+		return -1;
+	first = k->slot;
+	victim = first;
+	for (int w = 0; w < MT_MEMO_WAYS; w++) {
+		__u32 slot = first + w;
+		struct mt_memo_ent *e = bpf_map_lookup_elem(&unwind_memo, &slot);
+
+		if (!e) /* (never: slot is masked by the map's size) */
+			return -1;
+		if (e->gen == k->epoch && e->tgid == k->tgid && e->sp == k->sp && e->ip == k->pc &&
+		    e->ret_at == k->ret_at && (!(e->flags & MT_MEMO_F_BP) || e->bp == k->bp)) {
+			if (mt_memo_replay(win, e, k->pc, out) == 0) {
+				e->used = win->clock;
+				k->nr = e->nr;
+				k->frames_fp = e->frames_fp;
+				k->reason = e->reason;
+				return 0;
+			}
+#ifdef MT_UNWIND_CACHE_STATS
+			mt_unwind_count(MT_UC_COUNT + 8);
+#endif
+		}
+		if (e->used < oldest) {
+			oldest = e->used;
+			victim = slot;
+		}
+	}
+	k->slot = victim;
+	return -1;
 }
 
 static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 					 struct mt_stack *out)
 {
 	struct mt_walk_io io = {};
+	struct mt_memo_key k = {};
 	struct mt_unwind_proc *proc;
 	struct mt_unwind_win *win;
-	struct mt_memo_ent *e, *e1;
+	struct mt_memo_ent *e;
 	__u32 tgid = r->tgid;
 	__u32 zero = 0, slot, n, epoch;
 	__u64 *ep;
@@ -917,45 +971,31 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 
 	/* Memo key: rsp and the first frame (the call site), so that two
 	 * call paths reaching the allocator at the same depth do not take
-	 * turns evicting each other. Two ways per set: one call site at one
-	 * depth is often reached from two places further up (sqlite3: 35% of
-	 * its stacks missed with one way). */
-	slot = (__u32)(((r->sp ^ (io.pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)epoch << 40) ^
-			 ((__u64)tgid << 20) ^ (__u64)(__u32)ret_at) * 0x9E3779B97F4A7C15ULL) >> 40) &
-	       unwind_memo_mask & ~1u;
-	e = bpf_map_lookup_elem(&unwind_memo, &slot);
-	slot |= 1;
-	e1 = bpf_map_lookup_elem(&unwind_memo, &slot);
-	if (!e || !e1) /* (never: slot is masked by the map's size) */
-		return -1;
+	 * turns evicting each other. */
+	k.sp = r->sp;
+	k.bp = r->bp;
+	k.pc = io.pc;
+	k.ret_at = ret_at;
+	k.epoch = epoch;
+	k.tgid = tgid;
+	k.slot = (__u32)(((r->sp ^ (io.pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)epoch << 40) ^
+			   ((__u64)tgid << 20) ^ (__u64)(__u32)ret_at) * 0x9E3779B97F4A7C15ULL) >> 40) &
+		 unwind_memo_mask & ~(MT_MEMO_WAYS - 1);
 	win->clock++;
-	if (mt_memo_key_ok(e, &io, r, ret_at, epoch, tgid) && mt_memo_replay(win, e, io.pc, out) == 0) {
-		e->used = win->clock;
+	if (mt_memo_lookup(win, &k, out) == 0) {
 		mt_unwind_count(MT_UC_MEMO_HITS);
-		return mt_unwind_done(e->nr, e->frames_fp, e->reason);
+		return mt_unwind_done(k.nr, k.frames_fp, k.reason);
 	}
-	if (mt_memo_key_ok(e1, &io, r, ret_at, epoch, tgid) && mt_memo_replay(win, e1, io.pc, out) == 0) {
-		e1->used = win->clock;
-		mt_unwind_count(MT_UC_MEMO_HITS);
-		return mt_unwind_done(e1->nr, e1->frames_fp, e1->reason);
-	}
-#ifdef MT_UNWIND_CACHE_STATS
-	if (e->gen == 0 || e1->gen == 0)
-		mt_unwind_count(MT_UC_COUNT + 5);
-	else if (!mt_memo_key_ok(e, &io, r, ret_at, epoch, tgid) &&
-		 !mt_memo_key_ok(e1, &io, r, ret_at, epoch, tgid))
-		mt_unwind_count(MT_UC_COUNT + 6);
-	else
-		mt_unwind_count(MT_UC_COUNT + 8);
-#endif
 	/* A miss: the walk needs this process's tables (none: the caller's
 	 * frame-pointer walk; its window was read for nothing, rare). */
 	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	if (!proc)
 		return -1;
 	io.gen = proc->gen;
-	if (e1->used < e->used) /* replace the way used less recently */
-		e = e1;
+	slot = k.slot;
+	e = bpf_map_lookup_elem(&unwind_memo, &slot);
+	if (!e)
+		return -1;
 	e->used = win->clock;
 	e->gen = 0; /* being rewritten by the walk below */
 	e->nw = 0;
