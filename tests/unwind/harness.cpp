@@ -112,7 +112,7 @@ Result<Run> trace(const std::vector<std::string>& argv, const Options& opt) {
     kill_child();
     return maps.error();
   }
-  Ctx ctx{&run, maps->get(), opt.stop_after_first};
+  Ctx ctx{&run, maps->get(), opt.stop_after_first, false, {}};
   ring_buffer* rb = ring_buffer__new(bpf_map__fd(skel->maps.rb), on_event, &ctx, nullptr);
   if (!rb) {
     kill_child();
