@@ -701,16 +701,19 @@ __attribute__((noinline)) int mt_urefill(struct mt_unwind_win *w, __u64 start, _
 /* Refill plan of a memo entry, made once when the walk is recorded: which
  * words a replay will find outside its window (the same windows each time:
  * the first is read at the same rsp, each later one is planned here) and
- * how much to read there. A copy costs ~140 ns whatever its size, and ~1 ns
- * per 30 bytes more: each refill reads from its word up to the last of the
- * following words that lie within MT_MEMO_PLAN_GAP of each other (a stack's
- * return addresses come in clusters: python3's eval frames ~300 bytes
- * apart, sqlite3's at 0-3, 5, 9-11 and 15-17 KiB), instead of 2 KiB at
- * each word outside the window. (b, l): the window the replay starts with;
- * floor: rsp at the probe (the stack is readable from there up). Modelled
- * on memo entries of W1 and W3: 3.7 -> 2.0 and 4.2 -> 3.8 copies per stack,
- * 7.5 -> 6.4 and 8.5 -> 3.6 KiB copied. */
+ * how much to read there. Each refill reads from its word up to the last of
+ * the following words that lie within MT_MEMO_PLAN_GAP of each other (a
+ * stack's return addresses come in clusters: python3's eval frames ~300
+ * bytes apart, sqlite3's at 0-3, 5, 9-11 and 15-17 KiB), instead of 2 KiB
+ * at each word outside the window. (b, l): the window the replay starts
+ * with; floor: rsp at the probe (the stack is readable from there up).
+ * A copy costs ~100 ns plus ~35 ns per KiB here (perf of W3), so the gap
+ * trades copies for bytes: 256, 1024 and 4096 measured the same within the
+ * noise (ab.sh W3, 7 pairs), a 16 KiB buffer merging everything was 4%
+ * slower (a 15 KiB copy instead of two). */
+#ifndef MT_MEMO_PLAN_GAP
 #define MT_MEMO_PLAN_GAP 4096
+#endif
 __attribute__((noinline)) int mt_memo_plan(struct mt_memo_ent *e, __u64 b, __u64 l, __u64 floor)
 {
 	__u32 nw;
