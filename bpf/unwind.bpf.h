@@ -104,6 +104,11 @@ struct {
 #define MT_UNWIND_RC_ENTRIES 1024 /* power of 2; 24 KiB: a per-CPU value stays under 32 KiB */
 #endif
 #define MT_UNWIND_WIN_SLACK 64 /* bytes below a refill address also read (multiple of 8) */
+/* First-read hints, direct-mapped by (tgid, rsp, ret_at): how many bytes
+ * from the probe's rsp the last stack taken there needed in its first read
+ * (its memo entry's first_len). Only a length: a wrong or stale hint costs a
+ * copy or some bytes, never a wrong stack. */
+#define MT_FIRST_HINTS 512 /* power of 2 */
 struct mt_unwind_win {
 	__u64 base;
 	__u64 len;
@@ -111,6 +116,7 @@ struct mt_unwind_win {
 	__u64 top;   /* main thread: end of the page holding mm->start_stack (readable up to it); else 0 */
 	__u64 clock; /* stacks taken on this CPU (the memo's LRU clock) */
 	__u64 base0, len0; /* the window before the memo replay or the walk */
+	__u16 first_hint[MT_FIRST_HINTS];
 	__u64 w[MT_UNWIND_BUF_WORDS + 2]; /* +2: a 16-byte read at the last slot */
 };
 /* Row cache (L1), direct-mapped by lookup pc: allocation stacks repeat the
@@ -180,7 +186,8 @@ struct mt_memo_ent {
 	__u32 bp0_used; /* the walk used the probe's rbp */
 	__u64 bp_addr;  /* where rbp was read from */
 	__u32 plan_cur; /* mt_memo_plan's state */
-	__u32 pad2;
+	__u16 first_len;/* bytes of the first read (from base0) that hold the first cluster; 0: none */
+	__u16 pad2;
 	__u64 addr[MT_MEMO_WORDS];
 	__u64 val[MT_MEMO_WORDS];
 	__u8 oi[MT_MEMO_WORDS]; /* word i is ips[oi[i]] (0xff: not a frame, a saved rbp) */
@@ -214,6 +221,20 @@ const volatile __u32 unwind_memo_mask = MT_MEMO_ENTRIES - 1;
 /* 16 bytes of user memory at addr into *dst (0, or -1: unreadable). A
  * global function: verified once, so its branches do not multiply the
  * unwind step's paths. */
+/* Where a window read for addr starts: a little below addr (never below the
+ * probe's rsp, which is mapped): a frame's saved rbp often sits below its
+ * return address (pushed after other registers), and reading it second must
+ * not refill the window again. The first read of a stack and its memo
+ * entry's plan both start here. */
+static __always_inline __u64 mt_win_start(const struct mt_unwind_win *w, __u64 addr)
+{
+	if (addr >= w->floor + MT_UNWIND_WIN_SLACK)
+		return addr - MT_UNWIND_WIN_SLACK;
+	if (addr > w->floor && !(w->floor & 7))
+		return w->floor;
+	return addr;
+}
+
 __attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 					 struct mt_unwind_pair *dst)
 {
@@ -225,15 +246,7 @@ __attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 	if (addr < w->base || off > w->len || w->len - off < 16 || (off & 7)) {
 		if (addr & 7)
 			return bpf_probe_read_user(dst, 16, (void *)addr) ? -1 : 0;
-		/* Start the window a little below addr (never below the probe's
-		 * rsp, which is mapped): a frame's saved rbp often sits below its
-		 * return address (pushed after other registers), and reading it
-		 * second must not refill the window again. */
-		start = addr;
-		if (addr >= w->floor + MT_UNWIND_WIN_SLACK)
-			start = addr - MT_UNWIND_WIN_SLACK;
-		else if (addr > w->floor && !(w->floor & 7))
-			start = w->floor;
+		start = mt_win_start(w, addr);
 		off = addr - start;
 		len = MT_UNWIND_WIN_BYTES;
 #ifdef MT_UNWIND_CACHE_STATS
@@ -698,33 +711,41 @@ __attribute__((noinline)) int mt_urefill(struct mt_unwind_win *w, __u64 start, _
 	return 0;
 }
 
-/* Refill plan of a memo entry, made once when the walk is recorded: which
- * words a replay will find outside its window (the same windows each time:
- * the first is read at the same rsp, each later one is planned here) and
- * how much to read there. Each refill reads from its word up to the last of
- * the following words that lie within MT_MEMO_PLAN_GAP of each other (a
- * stack's return addresses come in clusters: python3's eval frames ~300
- * bytes apart, sqlite3's at 0-3, 5, 9-11 and 15-17 KiB), instead of 2 KiB
- * at each word outside the window. (b, l): the window the replay starts
- * with; floor: rsp at the probe (the stack is readable from there up).
- * A copy costs ~100 ns plus ~35 ns per KiB here (perf of W3), so the gap
- * trades copies for bytes: 256, 1024 and 4096 measured the same within the
- * noise (ab.sh W3, 7 pairs), a 16 KiB buffer merging everything was 4%
- * slower (a 15 KiB copy instead of two). */
+/* Refill plan of a memo entry, made once when the walk is recorded: how
+ * much the first read needs, which words a replay will find outside its
+ * window after it, and how much to read there. The first read starts at
+ * b (mt_win_start of the entry probe's return address, the same for every
+ * stack taken at this rsp) and covers the return address the memo key needs
+ * (key_end bytes) and then the first cluster of recorded words: a stack's
+ * return addresses come in clusters (python3's eval frames ~300 bytes apart,
+ * sqlite3's at 0-3, 5, 9-11 and 15-17 KiB), and each later refill reads from
+ * its word up to the last of the following words that lie within
+ * MT_MEMO_PLAN_GAP of each other. (The walk itself read fixed 2 KiB windows.)
+ * floor: rsp at the probe (the stack is readable from there up).
+ * A copy costs ~75 ns whatever its size (bench/unwind/copy_cost: a
+ * bpf_probe_read_user of 8 bytes) and ~6 ns per KiB of hot stack, so words
+ * up to 8 KiB apart are read with one copy (sqlite3: 3 copies per stack
+ * -> 2, W3 ns/call 0.91x against a 4 KiB gap; W1 the same; docs/unwind-perf.md
+ * round 6). Reads stay below MT_UNWIND_BUF_BYTES. */
 #ifndef MT_MEMO_PLAN_GAP
-#define MT_MEMO_PLAN_GAP 4096
+#define MT_MEMO_PLAN_GAP 8192
 #endif
-__attribute__((noinline)) int mt_memo_plan(struct mt_memo_ent *e, __u64 b, __u64 l, __u64 floor)
+#define MT_PLAN_NONE MT_MEMO_WORDS       /* plan_cur: no refill to extend */
+#define MT_PLAN_FIRST (MT_MEMO_WORDS + 1) /* plan_cur: extend the first read */
+__attribute__((noinline)) int mt_memo_plan(struct mt_memo_ent *e, __u64 b, __u32 key_end,
+					   __u64 floor)
 {
+	__u64 l = key_end;
 	__u32 nw;
 
 	if (!e)
 		return 0;
 	nw = e->nw;
-	/* The word whose refill is being extended lives in the entry: a
-	 * counter that indexes memory, kept in a register, is tracked exactly
-	 * by the verifier (every value of it, in every iteration). */
-	e->plan_cur = MT_MEMO_WORDS; /* none yet */
+	e->first_len = key_end;
+	/* The refill being extended lives in the entry: a counter that
+	 * indexes memory, kept in a register, is tracked exactly by the
+	 * verifier (every value of it, in every iteration). */
+	e->plan_cur = key_end ? MT_PLAN_FIRST : MT_PLAN_NONE;
 	for (int i = 0; i < MT_MEMO_WORDS; i++) {
 		__u64 a, s;
 		__u32 cur;
@@ -737,10 +758,13 @@ __attribute__((noinline)) int mt_memo_plan(struct mt_memo_ent *e, __u64 b, __u64
 		if (a >= b && a - b <= l && l - (a - b) >= 16)
 			continue; /* in the window */
 		cur = *(volatile __u32 *)&e->plan_cur; /* (not the value clang knows) */
-		if (cur < MT_MEMO_WORDS && a >= b && a + 16 - b < MT_UNWIND_BUF_BYTES &&
+		if (cur != MT_PLAN_NONE && a >= b && a + 16 - b < MT_UNWIND_BUF_BYTES &&
 		    a - b < l + MT_MEMO_PLAN_GAP) {
-			l = a + 16 - b; /* the planned refill reads up to here */
-			e->rlen[cur] = l;
+			l = a + 16 - b; /* the planned read reaches up to here */
+			if (cur < MT_MEMO_WORDS)
+				e->rlen[cur] = l;
+			else
+				e->first_len = l;
 			continue;
 		}
 		s = a;
@@ -755,6 +779,24 @@ __attribute__((noinline)) int mt_memo_plan(struct mt_memo_ent *e, __u64 b, __u64
 		e->rback[i] = (a - s) >> 3;
 	}
 	return 0;
+}
+
+/* The first read of an entry probe's stack: len bytes from the window start
+ * for addr (the probed function's return address), as the hint for this
+ * rsp says; 0: done (the window holds addr), -1: not done (no hint, or the
+ * read failed: the caller reads the usual 2 KiB window). */
+__attribute__((noinline)) int mt_first_read(struct mt_unwind_win *w, __u64 addr, __u32 len)
+{
+	__u64 start;
+
+	if (!w || len == 0)
+		return -1;
+	start = mt_win_start(w, addr);
+	if (w->top > start && w->top - start < len)
+		len = w->top - start; /* the main thread's stack ends there */
+	if (addr - start + 16 > len)
+		return -1;
+	return mt_urefill(w, start, len);
 }
 
 /* Memo hit check: e was recorded from the same registers and rows; re-read
@@ -873,7 +915,7 @@ struct mt_memo_key {
 	__u32 tgid;
 	__u32 slot;     /* in: first way of the set; out: the way to record into */
 	__u32 nr, frames_fp, reason; /* out, on a hit */
-	__u32 pad;
+	__u32 first_len;             /* out, on a hit: the entry's first read */
 };
 
 #define MT_MEMO_WAYS 4 /* power of 2, <= the smallest memo the loader makes (16) */
@@ -903,11 +945,17 @@ __attribute__((noinline)) int mt_memo_lookup(struct mt_unwind_win *win, struct m
 			return -1;
 		if (e->gen == k->epoch && e->tgid == k->tgid && e->sp == k->sp && e->ip == k->pc &&
 		    e->ret_at == k->ret_at && (!(e->flags & MT_MEMO_F_BP) || e->bp == k->bp)) {
+			__u32 fl = e->first_len;
+			/* The first cluster is read as one (the hint was short,
+			 * or another way's replay moved the window). */
+			if (fl && win->len0 && !(win->base == win->base0 && win->len >= fl))
+				mt_urefill(win, win->base0, fl);
 			if (mt_memo_replay(win, e, k->pc, out) == 0) {
 				e->used = win->clock;
 				k->nr = e->nr;
 				k->frames_fp = e->frames_fp;
 				k->reason = e->reason;
+				k->first_len = fl;
 				return 0;
 			}
 #ifdef MT_UNWIND_CACHE_STATS
@@ -932,7 +980,7 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	struct mt_unwind_win *win;
 	struct mt_memo_ent *e;
 	__u32 tgid = r->tgid;
-	__u32 zero = 0, slot, n, epoch;
+	__u32 zero = 0, slot, n, epoch, hs = 0, key_end = 0;
 	__u64 *ep;
 
 	if (unwind_disabled)
@@ -962,12 +1010,21 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 		 * still the caller's. (This read fills the window the memo
 		 * replay or the walk go on with.) */
 		struct mt_unwind_pair p;
-		if (mt_uread16(win, io.sp + ret_at, &p) || !p.a) {
+		__u64 ra = io.sp + ret_at;
+
+		hs = (__u32)(((ra ^ ((__u64)tgid << 20)) * 0x9E3779B97F4A7C15ULL) >> 40) &
+		     (MT_FIRST_HINTS - 1);
+		/* As much as the last stack taken here needed, in one copy
+		 * (else the 2 KiB window of mt_uread16) */
+		mt_first_read(win, ra, win->first_hint[hs]);
+		if (mt_uread16_fast(win, ra, &p) || !p.a) {
 			out->nr = 0;
 			return MT_F_NO_STACK;
 		}
 		io.pc = p.a;
-		io.sp = io.sp + ret_at + 8;
+		io.sp = ra + 8;
+		if (win->len && ra >= win->base && ra + 16 - win->base <= win->len)
+			key_end = ra + 16 - win->base; /* (else no window: read directly) */
 	}
 	win->base0 = win->base;
 	win->len0 = win->len;
@@ -987,6 +1044,8 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	win->clock++;
 	if (mt_memo_lookup(win, &k, out) == 0) {
 		mt_unwind_count(MT_UC_MEMO_HITS);
+		if (key_end && win->first_hint[hs & (MT_FIRST_HINTS - 1)] != k.first_len)
+			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = k.first_len;
 		return mt_unwind_done(k.nr, k.frames_fp, k.reason);
 	}
 	/* A miss: the walk needs this process's tables (none: the caller's
@@ -1032,7 +1091,9 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 		e->reason = io.reason;
 		e->frames_fp = io.frames_fp;
 		e->tgid = tgid;
-		mt_memo_plan(e, win->base0, win->len0, r->sp);
+		mt_memo_plan(e, win->base0, key_end, r->sp);
+		if (key_end)
+			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = e->first_len;
 		e->gen = epoch; /* last: the entry is valid from here */
 	}
 	return mt_unwind_done(n, io.frames_fp, io.reason);
