@@ -218,23 +218,24 @@ struct {
 /* unwind_memo's max_entries - 1 (power of 2), set through skel->rodata. */
 const volatile __u32 unwind_memo_mask = MT_MEMO_ENTRIES - 1;
 
-/* 16 bytes of user memory at addr into *dst (0, or -1: unreadable). A
- * global function: verified once, so its branches do not multiply the
- * unwind step's paths. */
-/* Where a window read for addr starts: a little below addr (never below the
- * probe's rsp, which is mapped): a frame's saved rbp often sits below its
- * return address (pushed after other registers), and reading it second must
- * not refill the window again. The first read of a stack and its memo
- * entry's plan both start here. */
-static __always_inline __u64 mt_win_start(const struct mt_unwind_win *w, __u64 addr)
+/* Where a read for addr starts: a little below addr (never below floor, the
+ * probe's rsp, which is mapped; at a word-aligned distance from addr): a
+ * frame's saved rbp often sits below its return address (pushed after other
+ * registers), and reading it second must not refill the window again. The
+ * walk's windows, the first read of a stack and a memo entry's planned
+ * refills all start here. */
+static __always_inline __u64 mt_win_start(__u64 floor, __u64 addr)
 {
-	if (addr >= w->floor + MT_UNWIND_WIN_SLACK)
+	if (addr >= floor + MT_UNWIND_WIN_SLACK)
 		return addr - MT_UNWIND_WIN_SLACK;
-	if (addr > w->floor && !(w->floor & 7))
-		return w->floor;
+	if (addr > floor && !((addr - floor) & 7))
+		return floor;
 	return addr;
 }
 
+/* 16 bytes of user memory at addr into *dst (0, or -1: unreadable). A
+ * global function: verified once, so its branches do not multiply the
+ * unwind step's paths. */
 __attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 					 struct mt_unwind_pair *dst)
 {
@@ -246,7 +247,7 @@ __attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 	if (addr < w->base || off > w->len || w->len - off < 16 || (off & 7)) {
 		if (addr & 7)
 			return bpf_probe_read_user(dst, 16, (void *)addr) ? -1 : 0;
-		start = mt_win_start(w, addr);
+		start = mt_win_start(w->floor, addr);
 		off = addr - start;
 		len = MT_UNWIND_WIN_BYTES;
 #ifdef MT_UNWIND_CACHE_STATS
@@ -767,11 +768,7 @@ __attribute__((noinline)) int mt_memo_plan(struct mt_memo_ent *e, __u64 b, __u32
 				e->first_len = l;
 			continue;
 		}
-		s = a;
-		if (a >= floor + MT_UNWIND_WIN_SLACK)
-			s = a - MT_UNWIND_WIN_SLACK;
-		else if (a > floor && !((a - floor) & 7))
-			s = floor;
+		s = mt_win_start(floor, a);
 		b = s;
 		l = a + 16 - s;
 		e->plan_cur = i;
@@ -791,7 +788,7 @@ __attribute__((noinline)) int mt_first_read(struct mt_unwind_win *w, __u64 addr,
 
 	if (!w || len == 0)
 		return -1;
-	start = mt_win_start(w, addr);
+	start = mt_win_start(w->floor, addr);
 	if (w->top > start && w->top - start < len)
 		len = w->top - start; /* the main thread's stack ends there */
 	if (addr - start + 16 > len)
@@ -1044,7 +1041,7 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	win->clock++;
 	if (mt_memo_lookup(win, &k, out) == 0) {
 		mt_unwind_count(MT_UC_MEMO_HITS);
-		if (key_end && win->first_hint[hs & (MT_FIRST_HINTS - 1)] != k.first_len)
+		if (key_end)
 			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = k.first_len;
 		return mt_unwind_done(k.nr, k.frames_fp, k.reason);
 	}
