@@ -684,17 +684,51 @@ int mt_exit_fork(struct trace_event_raw_sys_exit *ctx) { return child_returns(ct
 SEC("tracepoint/syscalls/sys_exit_vfork")
 int mt_exit_vfork(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
 
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(mt_exit, struct task_struct *task, bool group_dead)
+/* sched_process_exit gained its group_dead argument after 6.12; the loader
+ * sets this from the kernel's BTF (the tracepoint's prototype). Without it
+ * the last thread of a group is the one that finds signal->live at 0 (do_exit
+ * decrements it before the tracepoint); two threads exiting at once may both
+ * see 0, so the first to claim (tgid, start time) in exits_seen reports. */
+const volatile bool exit_has_group_dead = true;
+
+struct mt_exit_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 start_time; /* of the group leader: names the process, not the pid */
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct mt_exit_key);
+	__type(value, __u8);
+} exits_seen SEC(".maps");
+
+static __always_inline bool group_exit(struct task_struct *task, __u64 *ctx)
 {
+	if (exit_has_group_dead)
+		return ctx[1] != 0; /* read only where the argument exists */
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return false;
+	struct mt_exit_key k = {.tgid = BPF_CORE_READ(task, tgid),
+				.start_time = BPF_CORE_READ(task, group_leader, start_time)};
+	__u8 one = 1;
+	return bpf_map_update_elem(&exits_seen, &k, &one, BPF_NOEXIST) == 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int mt_exit(__u64 *ctx)
+{
+	struct task_struct *task = (struct task_struct *)ctx[0];
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
 
 	/* inflight (task storage) goes with the task */
 	bpf_map_delete_elem(&sysargs, &tid);
-	if (!group_dead || tgid == self_pid)
+	if (tgid == self_pid)
 		return 0;
 	if (!system_wide && !bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+	if (!group_exit(task, ctx))
 		return 0;
 	bpf_map_delete_elem(&targets, &tgid);
 	struct signal_struct *sig = BPF_CORE_READ(task, signal);

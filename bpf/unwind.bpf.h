@@ -109,6 +109,31 @@ struct {
  * (its memo entry's first_len). Only a length: a wrong or stale hint costs a
  * copy or some bytes, never a wrong stack. */
 #define MT_FIRST_HINTS 512 /* power of 2 */
+/* In and out of mt_unwind_walk (scalars only: the pointers are arguments). */
+struct mt_walk_io {
+	__u64 pc, sp, bp; /* in: first frame's pc, rsp, rbp */
+	__u64 h;          /* in/out: stack hash so far */
+	__u32 gen;        /* in: mt_unwind_proc.gen */
+	__u32 exact_pc;   /* in: pc is not a return address */
+	__u32 n;          /* in/out: frames in out->ips */
+	__u32 reason;     /* out */
+	__u32 frames_fp;  /* out */
+	__u32 pad;
+};
+
+/* What a memo entry is keyed by, and what mt_memo_lookup found (global
+ * functions take at most five arguments). */
+struct mt_memo_key {
+	__u64 sp, bp;   /* rsp, rbp at the probe */
+	__u64 pc;       /* first frame */
+	__s32 ret_at;
+	__u32 epoch;
+	__u32 tgid;
+	__u32 slot;     /* in: first way of the set; out: the way to record into */
+	__u32 nr, frames_fp, reason; /* out, on a hit */
+	__u32 first_len;             /* out, on a hit: the entry's first read */
+};
+
 struct mt_unwind_win {
 	__u64 base;
 	__u64 len;
@@ -117,6 +142,12 @@ struct mt_unwind_win {
 	__u64 clock; /* stacks taken on this CPU (the memo's LRU clock) */
 	__u64 base0, len0; /* the window before the memo replay or the walk */
 	__u16 first_hint[MT_FIRST_HINTS];
+	/* mt_unwind_cfi's state across its global calls, here rather than on
+	 * the BPF stack: before 6.x (6.1, 6.12) the verifier sums the frames
+	 * of a whole call chain, bpf_loop callbacks included, against 512
+	 * bytes, and the probe's own frame is the largest of them. */
+	struct mt_walk_io io;
+	struct mt_memo_key key;
 	__u64 w[MT_UNWIND_BUF_WORDS + 2]; /* +2: a 16-byte read at the last slot */
 };
 /* Row cache (L1), direct-mapped by lookup pc: allocation stacks repeat the
@@ -855,17 +886,6 @@ static __always_inline int mt_unwind_done(__u32 n, __u32 frames_fp, __u32 reason
 	return reason >= MT_UC_TRUNC_DEPTH ? MT_F_STACK_TRUNCATED : 0;
 }
 
-/* In and out of mt_unwind_walk (scalars only: the pointers are arguments). */
-struct mt_walk_io {
-	__u64 pc, sp, bp; /* in: first frame's pc, rsp, rbp */
-	__u64 h;          /* in/out: stack hash so far */
-	__u32 gen;        /* in: mt_unwind_proc.gen */
-	__u32 exact_pc;   /* in: pc is not a return address */
-	__u32 n;          /* in/out: frames in out->ips */
-	__u32 reason;     /* out */
-	__u32 frames_fp;  /* out */
-	__u32 pad;
-};
 
 /* The frame loop. A global function: the verifier checks it once, whatever
  * state its caller is in (inlined, every branch before it -- memo hit or
@@ -902,18 +922,6 @@ __attribute__((noinline)) int mt_unwind_walk(struct mt_walk_io *io, struct mt_st
 	return 0;
 }
 
-/* What a memo entry is keyed by, and what mt_memo_lookup found (global
- * functions take at most five arguments). */
-struct mt_memo_key {
-	__u64 sp, bp;   /* rsp, rbp at the probe */
-	__u64 pc;       /* first frame */
-	__s32 ret_at;
-	__u32 epoch;
-	__u32 tgid;
-	__u32 slot;     /* in: first way of the set; out: the way to record into */
-	__u32 nr, frames_fp, reason; /* out, on a hit */
-	__u32 first_len;             /* out, on a hit: the entry's first read */
-};
 
 #define MT_MEMO_WAYS 4 /* power of 2, <= the smallest memo the loader makes (16) */
 
@@ -971,8 +979,8 @@ __attribute__((noinline)) int mt_memo_lookup(struct mt_unwind_win *win, struct m
 static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 					 struct mt_stack *out)
 {
-	struct mt_walk_io io = {};
-	struct mt_memo_key k = {};
+	struct mt_walk_io *io;
+	struct mt_memo_key *k;
 	struct mt_unwind_proc *proc;
 	struct mt_unwind_win *win;
 	struct mt_memo_ent *e;
@@ -989,6 +997,10 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	win = bpf_map_lookup_elem(&unwind_win, &zero);
 	if (!win) /* (never: index 0 of a per-CPU array) */
 		return -1;
+	io = &win->io;
+	k = &win->key;
+	__builtin_memset(io, 0, sizeof(*io));
+	__builtin_memset(k, 0, sizeof(*k));
 	win->len = 0; /* nothing of this stack read yet */
 	win->floor = r->sp;
 	{
@@ -998,16 +1010,16 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 		__u64 ss = mm ? mm->start_stack : 0;
 		win->top = ss > r->sp ? (ss + 4095) & ~4095ULL : 0;
 	}
-	io.exact_pc = (__u32)ret_at >> 31; /* not an entry probe: pc is exact */
-	io.sp = r->sp;
-	io.bp = r->bp;
-	io.pc = r->ip;
+	io->exact_pc = (__u32)ret_at >> 31; /* not an entry probe: pc is exact */
+	io->sp = r->sp;
+	io->bp = r->bp;
+	io->pc = r->ip;
 	if (ret_at >= 0) {
 		/* Entry probe: the return address is at [rsp + ret_at], rbp is
 		 * still the caller's. (This read fills the window the memo
 		 * replay or the walk go on with.) */
 		struct mt_unwind_pair p;
-		__u64 ra = io.sp + ret_at;
+		__u64 ra = io->sp + ret_at;
 
 		hs = (__u32)(((ra ^ ((__u64)tgid << 20)) * 0x9E3779B97F4A7C15ULL) >> 40) &
 		     (MT_FIRST_HINTS - 1);
@@ -1018,8 +1030,8 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 			out->nr = 0;
 			return MT_F_NO_STACK;
 		}
-		io.pc = p.a;
-		io.sp = ra + 8;
+		io->pc = p.a;
+		io->sp = ra + 8;
 		if (win->len && ra >= win->base && ra + 16 - win->base <= win->len)
 			key_end = ra + 16 - win->base; /* (else no window: read directly) */
 	}
@@ -1029,29 +1041,29 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	/* Memo key: rsp and the first frame (the call site), so that two
 	 * call paths reaching the allocator at the same depth do not take
 	 * turns evicting each other. */
-	k.sp = r->sp;
-	k.bp = r->bp;
-	k.pc = io.pc;
-	k.ret_at = ret_at;
-	k.epoch = epoch;
-	k.tgid = tgid;
-	k.slot = (__u32)(((r->sp ^ (io.pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)epoch << 40) ^
+	k->sp = r->sp;
+	k->bp = r->bp;
+	k->pc = io->pc;
+	k->ret_at = ret_at;
+	k->epoch = epoch;
+	k->tgid = tgid;
+	k->slot = (__u32)(((r->sp ^ (io->pc * 0xC2B2AE3D27D4EB4FULL) ^ ((__u64)epoch << 40) ^
 			   ((__u64)tgid << 20) ^ (__u64)(__u32)ret_at) * 0x9E3779B97F4A7C15ULL) >> 40) &
 		 unwind_memo_mask & ~(MT_MEMO_WAYS - 1);
 	win->clock++;
-	if (mt_memo_lookup(win, &k, out) == 0) {
+	if (mt_memo_lookup(win, k, out) == 0) {
 		mt_unwind_count(MT_UC_MEMO_HITS);
 		if (key_end)
-			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = k.first_len;
-		return mt_unwind_done(k.nr, k.frames_fp, k.reason);
+			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = k->first_len;
+		return mt_unwind_done(k->nr, k->frames_fp, k->reason);
 	}
 	/* A miss: the walk needs this process's tables (none: the caller's
 	 * frame-pointer walk; its window was read for nothing, rare). */
 	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	if (!proc)
 		return -1;
-	io.gen = proc->gen;
-	slot = k.slot;
+	io->gen = proc->gen;
+	slot = k->slot;
 	e = bpf_map_lookup_elem(&unwind_memo, &slot);
 	if (!e)
 		return -1;
@@ -1060,40 +1072,40 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	e->nw = 0;
 	e->bp_mem = 0;
 	e->bp0_used = 0;
-	out->ips[0] = io.pc;
-	io.n = 1;
-	io.h = mt_hash_step(MT_HASH_SEED, io.pc);
+	out->ips[0] = io->pc;
+	io->n = 1;
+	io->h = mt_hash_step(MT_HASH_SEED, io->pc);
 #ifdef MT_UNWIND_CACHE_STATS
 	{
 		__u64 sp0 = r->sp;
-		if (mt_unwind_walk(&io, out, win, proc, e))
+		if (mt_unwind_walk(io, out, win, proc, e))
 			return -1;
-		mt_unwind_add(MT_UC_COUNT + 4, io.sp - sp0);
+		mt_unwind_add(MT_UC_COUNT + 4, io->sp - sp0);
 	}
 #else
-	if (mt_unwind_walk(&io, out, win, proc, e))
+	if (mt_unwind_walk(io, out, win, proc, e))
 		return -1;
 #endif
-	n = io.n > MT_MAX_FRAMES ? MT_MAX_FRAMES : io.n;
+	n = io->n > MT_MAX_FRAMES ? MT_MAX_FRAMES : io->n;
 	out->nr = n;
-	out->stack_id = io.h ? io.h : 1; /* = mt_stack_hash(out): no second pass */
-	if (io.reason != MT_UC_TRUNC_READ && e->nw <= MT_MEMO_WORDS) {
+	out->stack_id = io->h ? io->h : 1; /* = mt_stack_hash(out): no second pass */
+	if (io->reason != MT_UC_TRUNC_READ && e->nw <= MT_MEMO_WORDS) {
 		e->sp = r->sp;
-		e->ip = io.pc;
+		e->ip = io->pc;
 		e->bp = e->bp0_used ? r->bp : 0;
 		e->stack_id = out->stack_id;
 		e->ret_at = ret_at;
 		e->nr = n;
 		e->flags = e->bp0_used ? MT_MEMO_F_BP : 0;
-		e->reason = io.reason;
-		e->frames_fp = io.frames_fp;
+		e->reason = io->reason;
+		e->frames_fp = io->frames_fp;
 		e->tgid = tgid;
 		mt_memo_plan(e, win->base0, key_end, r->sp);
 		if (key_end)
 			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = e->first_len;
 		e->gen = epoch; /* last: the entry is valid from here */
 	}
-	return mt_unwind_done(n, io.frames_fp, io.reason);
+	return mt_unwind_done(n, io->frames_fp, io->reason);
 }
 
 #endif

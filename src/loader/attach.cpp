@@ -38,9 +38,13 @@ std::mutex g_detach_mu;
 std::vector<std::thread> g_detachers;
 }  // namespace
 
-void detach_async(std::vector<int> links) {
+void detach_async(std::vector<Link> links) {
   std::lock_guard<std::mutex> lk(g_detach_mu);
-  for (int fd : links) g_detachers.emplace_back([fd] { close(fd); });
+  for (Link l : links)
+    g_detachers.emplace_back([l] {
+      if (l.link) bpf_link__destroy(l.link);
+      if (l.fd >= 0) close(l.fd);
+    });
 }
 
 void detach_wait() {
@@ -196,9 +200,25 @@ Result<int> uprobe_multi(bpf_program* prog, const std::string& path, pid_t pid,
   return fd;
 }
 
+// A perf-event uprobe (uprobe PMU) for one offset, with the cookie carried by
+// a BPF link (kernel >= 5.15).
+Result<bpf_link*> perf_uprobe(bpf_program* prog, const std::string& path, pid_t pid, uint64_t offset,
+                              uint64_t cookie, bool ret) {
+  LIBBPF_OPTS(bpf_uprobe_opts, o, .bpf_cookie = cookie, .retprobe = ret);
+  bpf_link* l = bpf_program__attach_uprobe_opts(prog, pid > 0 ? pid : -1, path.c_str(), offset, &o);
+  if (!l) {
+    int err = errno;
+    return Error::sys(std::string("attach ") + (ret ? "uretprobe" : "uprobe") + " at +" + std::to_string(offset) +
+                          " in " + path + (pid > 0 ? " for pid " + std::to_string(pid) : ""),
+                      err);
+  }
+  return l;
+}
+
 }  // namespace
 
-void prepare_programs(bpf_program* enter, bpf_program* exit) {
+void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode) {
+  if (mode != AttachMode::UprobeMulti) return;
   bpf_program__set_expected_attach_type(enter, static_cast<bpf_attach_type>(kTraceUprobeMulti));
   bpf_program__set_expected_attach_type(exit, static_cast<bpf_attach_type>(kTraceUprobeMulti));
 }
@@ -218,6 +238,26 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
     }
   }
   ProbeSet set;
+  if (mode_ == AttachMode::PerfEvent) {
+    // One uprobe per offset; a refused chosen offset falls back to the
+    // function's entry for that probe alone.
+    for (size_t i = 0; i < eoff.size(); i++) {
+      auto e = perf_uprobe(enter_, open_path, pid, eoff[i], ecookie[i], false);
+      if (!e && eoff[i] != eoff0[i]) {
+        notes_.push_back("kernel refused the chosen probe offset +" + std::to_string(eoff[i]) + " in " + obj.path +
+                         " (" + e.error().message + "): using the function's entry");
+        e = perf_uprobe(enter_, open_path, pid, eoff0[i], ecookie0[i], false);
+      }
+      if (!e) return e.error();
+      set.add_link(*e);
+    }
+    for (size_t i = 0; i < roff.size(); i++) {
+      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true);
+      if (!r) return r.error();
+      set.add_link(*r);
+    }
+    return set;
+  }
   auto e = uprobe_multi(enter_, open_path, pid, eoff, ecookie, false);
   if (!e && eoff != eoff0) {
     notes_.push_back("kernel refused the chosen probe offsets in " + obj.path + " (" +

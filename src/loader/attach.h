@@ -50,7 +50,13 @@ struct AllocatorChoice {
 // Destroying a uprobe link waits for an RCU grace period in the kernel
 // (~100 ms here, measured), so links are destroyed on background threads,
 // all at once: the drain loop never blocks on a detach. wait() joins them (tool exit).
-void detach_async(std::vector<int> link_fds);
+// A link is a BPF link fd (uprobe_multi) or a libbpf bpf_link (a perf-event
+// uprobe: its BPF link and its perf event fd).
+struct Link {
+  int fd = -1;
+  bpf_link* link = nullptr;
+};
+void detach_async(std::vector<Link> links);
 void detach_wait();
 
 // Links of one attachment (one process, or system-wide for one object);
@@ -64,7 +70,8 @@ class ProbeSet {
   ProbeSet& operator=(ProbeSet&& o) noexcept;
   ~ProbeSet() { reset(); }
   void reset();
-  void add_fd(int link_fd) { links_.push_back(link_fd); }
+  void add_fd(int link_fd) { links_.push_back({link_fd, nullptr}); }
+  void add_link(bpf_link* l) { links_.push_back({-1, l}); }
   void absorb(ProbeSet&& o) {  // o's links now detach with this set
     links_.insert(links_.end(), o.links_.begin(), o.links_.end());
     o.links_.clear();
@@ -72,13 +79,19 @@ class ProbeSet {
   size_t size() const { return links_.size(); }
 
  private:
-  std::vector<int> links_;  // BPF link fds
+  std::vector<Link> links_;
+};
+
+// How allocator probes reach the kernel, chosen from the kernel's features.
+enum class AttachMode {
+  UprobeMulti,  // BPF_TRACE_UPROBE_MULTI (6.6): two links per process, cookies per offset
+  PerfEvent,    // one perf-event uprobe per probe (5.15: BPF cookie through a BPF link)
 };
 
 class Attacher {
  public:
-  Attacher(bpf_program* enter, bpf_program* exit, AllocatorChoice choice = {})
-      : enter_(enter), exit_(exit), choice_(std::move(choice)) {}
+  Attacher(bpf_program* enter, bpf_program* exit, AttachMode mode, AllocatorChoice choice = {})
+      : enter_(enter), exit_(exit), mode_(mode), choice_(std::move(choice)) {}
 
   // The allocator object a process uses, from its mappings (not a hard-coded
   // path): the executable if it defines malloc, else a non-glibc allocator
@@ -108,6 +121,7 @@ class Attacher {
 
   bpf_program* enter_;
   bpf_program* exit_;
+  AttachMode mode_;
   AllocatorChoice choice_;
   // (dev, inode) -> analysis; nullptr value: not an allocator.
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<AllocatorObject>> objects_;
@@ -115,8 +129,9 @@ class Attacher {
 };
 
 const char* role_name(uint32_t role);
-// Before load: the allocator programs attach as uprobe_multi links (one link
-// per process for every entry probe, one for every return probe).
-void prepare_programs(bpf_program* enter, bpf_program* exit);
+// Before load: with AttachMode::UprobeMulti the allocator programs attach as
+// uprobe_multi links (one link per process for every entry probe, one for
+// every return probe), which the kernel must know at load time.
+void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode);
 
 }  // namespace memtrace::loader

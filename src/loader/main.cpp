@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   app.add_flag("--explain-probes", o.explain_probes,
                "Print where each allocator probe is placed and why");
   app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit");
+  bool check = false;
+  app.add_flag("--check", check,
+               "Print what this kernel supports and which fallbacks are used, load and attach everything "
+               "once, exit non-zero if memtrace-bpf cannot run here");
   app.add_flag("--faults", o.faults,
                "Trace user page faults and charge them to the block or mapping they hit (RSS by allocation site)");
   app.add_flag("--trace-faults", o.trace_faults,
@@ -86,6 +90,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   o.stacks = !no_stacks;
+  if (check) {
+    if (geteuid() != 0) std::cerr << "memtrace-bpf: --check without root: BPF is only probed as this user\n";
+    memtrace::loader::Tracer t(std::move(o));
+    return t.check(std::cout);
+  }
   if (auto bad = memtrace::loader::check_feature_options(o.features, !o.command.empty()); !bad.empty()) {
     std::cerr << "memtrace-bpf: " << bad << "\n";
     return 2;

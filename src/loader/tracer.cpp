@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "memtrace_bpf.skel.h"
 
@@ -29,10 +30,57 @@ int proc_cb(void* ctx, void* data, size_t len) {
   return static_cast<Tracer*>(ctx)->on_proc_event(data, len);
 }
 
+// libbpf's warnings, kept so that a refused program can be named with the
+// verifier's reason (MEMTRACE_LIBBPF_VERBOSE=1 also prints them as they come).
+std::string g_libbpf_log;
+
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
   if (level == LIBBPF_DEBUG) return 0;
+  va_list copy;
+  va_copy(copy, args);
+  char buf[8192];
+  int n = vsnprintf(buf, sizeof buf, fmt, copy);
+  va_end(copy);
+  if (n > 0) {
+    g_libbpf_log.append(buf, std::min<size_t>(n, sizeof buf - 1));
+    if (g_libbpf_log.size() > (1u << 20)) g_libbpf_log.erase(0, g_libbpf_log.size() - (1u << 19));
+  }
   if (getenv("MEMTRACE_LIBBPF_VERBOSE")) return vfprintf(stderr, fmt, args);
   return 0;
+}
+
+// "the kernel refused BPF program 'mt_alloc_enter' (Permission denied):
+// combined stack size of 4 calls is 544. Too large": the program libbpf says
+// failed, and the last lines of its verifier log.
+std::string load_failure(int err) {
+  const std::string& log = g_libbpf_log;
+  std::string prog;
+  size_t at = log.rfind("BPF program load failed");
+  if (at != std::string::npos) {
+    size_t q2 = log.rfind('\'', at), q1 = q2 == std::string::npos ? q2 : log.rfind('\'', q2 - 1);
+    if (q1 != std::string::npos) prog = log.substr(q1 + 1, q2 - q1 - 1);
+  }
+  if (prog.empty()) {
+    std::string last;  // libbpf's last warning, e.g. a map it could not create
+    std::istringstream is(log);
+    for (std::string l; std::getline(is, l);)
+      if (!l.empty()) last = l;
+    return "load BPF programs: " + std::string(strerror(err)) + (last.empty() ? "" : " (libbpf: " + last + ")");
+  }
+  std::vector<std::string> lines;
+  size_t b = log.find("-- BEGIN PROG LOAD LOG --", at), e = log.find("-- END PROG LOAD LOG --", at);
+  if (b != std::string::npos && e != std::string::npos && e > b) {
+    std::istringstream is(log.substr(b, e - b));
+    for (std::string l; std::getline(is, l);)
+      if (!l.empty() && l.rfind("--", 0) != 0 && l.rfind("processed ", 0) != 0 &&
+          l.rfind("verification time", 0) != 0 && l.rfind("stack depth", 0) != 0)
+        lines.push_back(l);
+  }
+  std::string why;
+  for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); i++)
+    why += (why.empty() ? "" : " | ") + lines[i];
+  return "the kernel refused BPF program '" + prog + "' (" + strerror(err) + ")" + (why.empty() ? "" : ": " + why) +
+         " (MEMTRACE_LIBBPF_VERBOSE=1 prints the verifier's whole log)";
 }
 
 const char* counter_name(int c) {
@@ -114,6 +162,24 @@ Result<void> Tracer::load() {
   }
   if (auto r = ensure_tracefs(); !r) return r;
 
+  kf_ = probe_kernel();
+  if (!kf_.can_run()) {
+    for (const auto& l : describe(kf_))
+      if (l.rfind("missing", 0) == 0) return Error::msg("this kernel cannot run memtrace-bpf: " + l.substr(9));
+    return Error::msg("this kernel cannot run memtrace-bpf (memtrace-bpf --check says why)");
+  }
+  if (o_.faults && !kf_.page_fault_tp)
+    return Error::msg("--faults: kernel " + kf_.release + " has no exceptions:page_fault_user tracepoint");
+  attach_mode_ = kf_.uprobe_multi ? AttachMode::UprobeMulti : AttachMode::PerfEvent;
+  if (o_.stacks && o_.cfi && !kf_.cfi_stacks()) {
+    o_.cfi = false;
+    kernel_notes_.push_back("stacks: frame pointers only: kernel " + kf_.release +
+                            " has no bpf_loop (5.17), which the CFI unwinder needs");
+  }
+  if (attach_mode_ == AttachMode::PerfEvent)
+    kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
+                            " has no uprobe_multi links (6.6)");
+
   skel_ = memtrace_bpf__open();
   if (!skel_) return Error::sys("open BPF object");
   auto* ro = skel_->rodata;
@@ -121,6 +187,7 @@ Result<void> Tracer::load() {
   ro->capture_stacks = o_.stacks;
   ro->system_wide = system_wide_;
   ro->stop_on_exec_mappings = true;
+  ro->exit_has_group_dead = kf_.exit_group_dead;
   if (o_.comms.size() > MT_MAX_COMMS)
     return Error::msg("at most " + std::to_string(MT_MAX_COMMS) + " -c filters");
   ro->ncomms = o_.comms.size();
@@ -147,9 +214,9 @@ Result<void> Tracer::load() {
   }
   // Not even loaded without --faults: costs nothing when off.
   bpf_program__set_autoload(skel_->progs.mt_page_fault, o_.faults);
-  prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit);
-  if (int err = memtrace_bpf__load(skel_); err)
-    return Error::sys("load BPF programs (is BPF available and are you root?)", -err);
+  prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit, attach_mode_);
+  g_libbpf_log.clear();
+  if (int err = memtrace_bpf__load(skel_); err) return Error::msg(load_failure(-err));
   bpf_program__set_autoattach(skel_->progs.mt_alloc_enter, false);
   bpf_program__set_autoattach(skel_->progs.mt_alloc_exit, false);
   if (int err = memtrace_bpf__attach(skel_); err)
@@ -163,7 +230,7 @@ Result<void> Tracer::load() {
   rb_events_ = ring_buffer__new(bpf_map__fd(skel_->maps.events), event_cb, this, nullptr);
   if (!rb_events_) return Error::sys("ring buffer");
   attacher_ = std::make_unique<Attacher>(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit,
-                                        o_.allocator);
+                                        attach_mode_, o_.allocator);
   if (cfi) {
     auto u = unwind::UnwindMaps::create(skel_->maps.unwind_rows, skel_->maps.unwind_procs,
                                         skel_->maps.unwind_epoch);
@@ -505,6 +572,62 @@ void Tracer::teardown() {
   }
 }
 
+// --check: what this kernel offers, then the real thing: load and verify
+// every BPF program, attach the tracepoints, attach the allocator probes to
+// this process and detach them.
+int Tracer::check(std::ostream& os) {
+  libbpf_set_print(libbpf_print);
+  KernelFeatures k = probe_kernel();
+  for (const auto& l : describe(k)) os << l << "\n";
+  if (!k.can_run()) {
+    os << "memtrace-bpf cannot run on this kernel\n";
+    return 1;
+  }
+  o_.faults = k.page_fault_tp;
+  if (auto r = load(); !r) {
+    os << "missing  BPF programs: " << r.error().message << "\n";
+    return 1;
+  }
+  size_t nprog = 0;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, skel_->obj) nprog += bpf_program__fd(prog) >= 0;
+  os << "ok       BPF programs: " << nprog << " loaded and verified, tracepoints attached\n";
+  int rc = 0;
+  auto maps = read_maps(getpid());
+  MapEntry where;
+  auto obj = maps ? attacher_->find_allocator(getpid(), *maps, &where) : Result<const AllocatorObject*>(maps.error());
+  if (!obj || !*obj) {
+    os << "missing  allocator probes: " << (obj ? "no allocator found in this process" : obj.error().message) << "\n";
+    rc = 1;
+  } else if (auto set = attacher_->attach(**obj, getpid(), openable_path(getpid(), where)); !set) {
+    os << "missing  allocator probes: " << set.error().message << "\n";
+    rc = 1;
+  } else {
+    os << "ok       allocator probes: " << set->size() << " " << (attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi links" : "perf-event uprobes")
+       << " on " << where.path << " (" << (*obj)->family << ") attached and detached\n";
+  }
+  teardown();
+  for (const auto& n : kernel_notes_) os << "note     " << n << "\n";
+  os << (rc ? "memtrace-bpf cannot run on this kernel\n" : "memtrace-bpf can run on this kernel\n");
+  return rc;
+}
+
+std::vector<std::string> Tracer::notes() const {
+  std::vector<std::string> n = kernel_notes_;
+  if (attacher_) n.insert(n.end(), attacher_->notes().begin(), attacher_->notes().end());
+  return n;
+}
+
+// Which mechanism each feature ran on (the kernel decides: kernel_features.h).
+nlohmann::json Tracer::kernel_json() const {
+  return {{"release", kf_.release},
+          {"uprobes", attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi" : "perf_event"},
+          {"stacks", !o_.stacks ? "none" : o_.cfi ? "cfi" : "frame_pointers"},
+          {"inflight", kf_.task_storage ? "task_storage" : "hash"},
+          {"exit", kf_.exit_group_dead ? "group_dead" : "signal_live"},
+          {"fault_vma_check", o_.faults && kf_.find_vma}};
+}
+
 void Tracer::report_final(int exit_code) {
   // Mark the launched program's status (from waitpid: exact).
   if (launcher_ && child_status_) model_.on_exit(launcher_->pid(), *child_status_);
@@ -524,15 +647,15 @@ void Tracer::report_final(int exit_code) {
     auto j = report::to_json(model_, resolver_.fn(), ro, d);
     if (feat_) feat_->add_json(j);
     j["errors"] = errors_;
-    j["notes"] = attacher_ ? attacher_->notes() : std::vector<std::string>{};
+    j["notes"] = notes();
+    j["kernel"] = kernel_json();
     if (o_.rearm_ms > 0) j["rearm"] = rearm_report_;
     os << j.dump(2) << "\n";
   } else {
     report::write_text(os, model_, resolver_.fn(), ro, d);
     if (feat_) feat_->write_text(os);
     for (const auto& e : errors_) os << "error: " << e << "\n";
-    if (attacher_)
-      for (const auto& n : attacher_->notes()) os << "note: " << n << "\n";
+    for (const auto& n : notes()) os << "note: " << n << "\n";
     if (o_.rearm_ms > 0 && rearm_report_.contains("rearm"))
       os << "REARM: every " << o_.rearm_ms << " ms, " << rearm_report_["rearm"]["intervals"] << " intervals, "
          << rearm_report_["rearm"]["first_accesses"] << " first accesses restored by memtrace-singlestep\n";

@@ -16,6 +16,7 @@
 #include "common/result.h"
 #include "heap/heap_model.h"
 #include "loader/attach.h"
+#include "loader/kernel_features.h"
 #include "loader/faults.h"
 #include "loader/features.h"
 #include "loader/launcher.h"
@@ -60,6 +61,9 @@ class Tracer {
   // Runs until the traced program exits, the last traced process exits (-p),
   // --duration, or SIGINT/SIGTERM/SIGHUP. Returns the tool's exit code.
   int run();
+  // memtrace-bpf --check: prints what the kernel supports and which
+  // fallbacks are used, loads and attaches everything once; 0 if it can run.
+  int check(std::ostream& os);
 
   // For the ring buffer callbacks.
   int on_event(void* data, size_t len);
@@ -87,7 +91,13 @@ class Tracer {
   void teardown();
   void log(const std::string& s);
 
+  std::vector<std::string> notes() const;  // kernel fallbacks, then the attacher's
+  nlohmann::json kernel_json() const;
+
   Options o_;
+  KernelFeatures kf_;
+  AttachMode attach_mode_ = AttachMode::UprobeMulti;
+  std::vector<std::string> kernel_notes_;  // fallbacks this kernel needs, shown in the report
   struct memtrace_bpf* skel_ = nullptr;
   struct ring_buffer* rb_ = nullptr;
   struct ring_buffer* rb_events_ = nullptr;

@@ -1,0 +1,169 @@
+#include "loader/kernel_features.h"
+
+#include <bpf/bpf.h>
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace memtrace::loader {
+namespace {
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+// "none [integrity] confidentiality" -> "integrity"
+std::string lockdown_mode() {
+  std::string s = read_line("/sys/kernel/security/lockdown");
+  auto a = s.find('['), b = s.find(']');
+  return a != std::string::npos && b != std::string::npos && b > a ? s.substr(a + 1, b - a - 1) : "";
+}
+
+void read_caps(KernelFeatures& k) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("CapEff:", 0) != 0) continue;
+    unsigned long long caps = std::stoull(line.substr(7), nullptr, 16);
+    k.cap_sys_admin = caps >> 21 & 1;
+    k.cap_perfmon = caps >> 38 & 1;
+    k.cap_bpf = caps >> 39 & 1;
+  }
+}
+
+bool helper(bpf_func_id id) { return libbpf_probe_bpf_helper(BPF_PROG_TYPE_KPROBE, id, nullptr) == 1; }
+
+// Number of arguments a BTF tracepoint passes (btf_trace_NAME is a typedef of
+// a pointer to its prototype, whose first parameter is the tracepoint's
+// data pointer). -1: no such tracepoint.
+int tp_args(const btf* vmlinux, const std::string& tp) {
+  int id = btf__find_by_name_kind(vmlinux, ("btf_trace_" + tp).c_str(), BTF_KIND_TYPEDEF);
+  if (id < 0) return -1;
+  const btf_type* t = btf__type_by_id(vmlinux, id);
+  if (t) t = btf__type_by_id(vmlinux, t->type);  // the pointer
+  if (t && btf_is_ptr(t)) t = btf__type_by_id(vmlinux, t->type);
+  if (!t || !btf_is_func_proto(t)) return -1;
+  return static_cast<int>(btf_vlen(t)) - 1;
+}
+
+bool enum_has(const btf* vmlinux, const char* type, const char* value) {
+  int id = btf__find_by_name_kind(vmlinux, type, BTF_KIND_ENUM);
+  if (id < 0) return false;
+  const btf_type* t = btf__type_by_id(vmlinux, id);
+  const struct btf_enum* e = btf_enum(t);
+  for (unsigned i = 0; i < btf_vlen(t); i++)
+    if (strcmp(btf__name_by_offset(vmlinux, e[i].name_off), value) == 0) return true;
+  return false;
+}
+
+std::string why_no_bpf(const KernelFeatures& k, int err) {
+  std::ostringstream os;
+  os << "bpf(2) refused to create a map (" << strerror(err) << ")";
+  if (err == EPERM || err == EACCES) {
+    if (!k.cap_sys_admin && !k.cap_bpf)
+      os << ": this process has neither CAP_BPF nor CAP_SYS_ADMIN (not root, or a container without them)";
+    else if (k.lockdown == "confidentiality")
+      os << ": kernel lockdown is in confidentiality mode, which forbids BPF programs that read memory";
+    else if (!k.cap_sys_admin && !k.cap_perfmon)
+      os << ": this process has CAP_BPF but not CAP_PERFMON, which tracing programs also need";
+    else
+      os << ": BPF is forbidden here (a seccomp filter or an LSM policy, e.g. a container runtime's)";
+  } else if (err == ENOSYS) {
+    os << ": the kernel was built without CONFIG_BPF_SYSCALL";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+KernelFeatures probe_kernel() {
+  KernelFeatures k;
+  struct utsname u;
+  if (uname(&u) == 0) k.release = u.release;
+  k.lockdown = lockdown_mode();
+  std::string ubd = read_line("/proc/sys/kernel/unprivileged_bpf_disabled");
+  if (!ubd.empty()) k.unprivileged_bpf_disabled = std::atoi(ubd.c_str());
+  read_caps(k);
+
+  int fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "mt_probe", 4, 8, 1, nullptr);
+  if (fd < 0) {
+    k.bpf_error = why_no_bpf(k, errno);
+  } else {
+    close(fd);
+    k.bpf = true;
+  }
+  k.uprobes = access("/sys/bus/event_source/devices/uprobe/type", R_OK) == 0 ||
+              access("/sys/kernel/tracing/uprobe_events", F_OK) == 0 ||
+              access("/sys/kernel/debug/tracing/uprobe_events", F_OK) == 0;
+
+  btf* vmlinux = btf__load_vmlinux_btf();
+  if (libbpf_get_error(vmlinux)) vmlinux = nullptr;
+  k.btf = vmlinux != nullptr;
+  if (vmlinux) {
+    k.sched_tp_btf = tp_args(vmlinux, "sched_process_exec") >= 3 && tp_args(vmlinux, "sched_process_fork") >= 2 &&
+                     tp_args(vmlinux, "sched_process_exit") >= 1;
+    k.exit_group_dead = tp_args(vmlinux, "sched_process_exit") >= 2;
+    k.page_fault_tp = tp_args(vmlinux, "page_fault_user") >= 3;
+    k.uprobe_multi = enum_has(vmlinux, "bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
+    btf__free(vmlinux);
+  }
+  if (k.bpf) {
+    k.ringbuf = libbpf_probe_bpf_map_type(BPF_MAP_TYPE_RINGBUF, nullptr) == 1;
+    k.attach_cookie = helper(BPF_FUNC_get_attach_cookie);
+    k.bpf_loop = helper(BPF_FUNC_loop);
+    k.find_vma = helper(BPF_FUNC_find_vma);
+    k.task_storage = libbpf_probe_bpf_map_type(BPF_MAP_TYPE_TASK_STORAGE, nullptr) == 1 &&
+                     helper(BPF_FUNC_task_storage_get);
+    k.task_btf = helper(BPF_FUNC_get_current_task_btf);
+    k.task_pt_regs = helper(BPF_FUNC_task_pt_regs);
+  }
+  return k;
+}
+
+std::vector<std::string> describe(const KernelFeatures& k) {
+  std::vector<std::string> out;
+  auto line = [&](bool ok, const std::string& what, const std::string& how) {
+    out.push_back(std::string(ok ? "ok       " : "missing  ") + what + ": " + how);
+  };
+  auto choice = [&](bool best, const std::string& what, const std::string& yes, const std::string& no) {
+    out.push_back(std::string(best ? "ok       " : "fallback ") + what + ": " + (best ? yes : no));
+  };
+  out.push_back("kernel   " + k.release + (k.lockdown.empty() ? "" : ", lockdown " + k.lockdown));
+  line(k.bpf, "BPF", k.bpf ? "bpf(2) usable" : k.bpf_error);
+  line(k.btf, "BTF", k.btf ? "/sys/kernel/btf/vmlinux (CO-RE, BTF tracepoints)"
+                           : "no /sys/kernel/btf/vmlinux: the kernel needs CONFIG_DEBUG_INFO_BTF=y");
+  line(k.ringbuf || !k.bpf, "ring buffer", k.ringbuf ? "BPF_MAP_TYPE_RINGBUF"
+                                              : "unknown (no BPF)");
+  if (k.bpf && !k.ringbuf) out.back() = "missing  ring buffer: BPF_MAP_TYPE_RINGBUF needs kernel 5.8";
+  line(k.uprobes, "uprobes", k.uprobes ? "uprobe PMU" : "no uprobe PMU and no uprobe_events: CONFIG_UPROBE_EVENTS is off");
+  line(k.sched_tp_btf || !k.btf, "process events",
+       k.sched_tp_btf ? "sched_process_exec/fork/exit (BTF tracepoints)" : "unknown (no BTF)");
+  if (k.btf && !k.sched_tp_btf) out.back() = "missing  process events: no BTF for sched_process_exec/fork/exit";
+  if (!k.bpf) return out;
+  choice(k.uprobe_multi, "uprobe attach", "uprobe_multi links (one link per process for all entry probes)",
+         k.attach_cookie ? "one perf-event uprobe per probe and process, with BPF cookies (uprobe_multi links need 6.6)"
+                         : "one perf-event uprobe per probe and process, one program per allocator function "
+                           "(BPF cookies need 5.15)");
+  choice(k.cfi_stacks(), "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
+         "frame pointers only: the CFI unwinder needs bpf_loop (5.17)");
+  choice(k.task_storage, "in-flight calls", "task local storage", "hash map keyed by thread id (task storage needs 5.11)");
+  choice(k.exit_group_dead, "process exit", "sched_process_exit's group_dead",
+         "last thread found by signal->live (group_dead is newer than this kernel)");
+  if (k.page_fault_tp)
+    choice(k.find_vma, "page faults", "page_fault_user, checked against the VMA (bpf_find_vma)",
+           "page_fault_user without the VMA check: faults that end in SIGSEGV are not flagged (bpf_find_vma needs 5.17)");
+  else
+    line(false, "page faults", "no exceptions:page_fault_user tracepoint: --faults is off");
+  return out;
+}
+
+}  // namespace memtrace::loader

@@ -1,0 +1,53 @@
+// What the running kernel lets memtrace-bpf do, probed at start: each BPF
+// helper, map type, attach type and tracepoint argument the tool uses is
+// asked of the kernel itself (libbpf's probes, the kernel's BTF), never
+// inferred from a version number (distributions backport). The loader picks
+// a mechanism per feature from this; `memtrace-bpf --check` prints it.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace memtrace::loader {
+
+struct KernelFeatures {
+  std::string release;  // uname -r
+
+  // Needed to run at all.
+  bool bpf = false;  // bpf(2) works for this process (a map can be created)
+  std::string bpf_error;  // why not: names the cause (capabilities, lockdown, sysctl)
+  bool btf = false;       // /sys/kernel/btf/vmlinux: CO-RE relocations, BTF tracepoints
+  bool ringbuf = false;   // BPF_MAP_TYPE_RINGBUF (5.8)
+  bool uprobes = false;   // the uprobe PMU or tracefs uprobe_events
+  bool sched_tp_btf = false;  // sched_process_exec/fork/exit as BTF tracepoints
+
+  // Chosen per feature.
+  bool uprobe_multi = false;    // BPF_TRACE_UPROBE_MULTI links (6.6): one link per process
+  bool attach_cookie = false;   // bpf_get_attach_cookie (5.15): one program for every allocator role
+  bool bpf_loop = false;        // bpf_loop (5.17): the CFI unwinder's frame loop
+  bool find_vma = false;        // bpf_find_vma (5.17): page faults checked against their VMA
+  bool task_storage = false;    // task local storage in tracing programs
+  bool task_btf = false;        // bpf_get_current_task_btf (5.11)
+  bool task_pt_regs = false;    // bpf_task_pt_regs (5.15): user registers in syscall tracepoints
+  bool exit_group_dead = false; // sched_process_exit passes group_dead (after 6.12)
+  bool page_fault_tp = false;   // exceptions:page_fault_user as a BTF tracepoint
+
+  // Context for error messages.
+  std::string lockdown;      // "none", "integrity", "confidentiality", or "" (unknown)
+  int unprivileged_bpf_disabled = -1;
+  bool cap_sys_admin = false, cap_bpf = false, cap_perfmon = false;
+
+  // Everything the BPF programs need is there (possibly through fallbacks).
+  bool can_run() const { return bpf && btf && ringbuf && uprobes && sched_tp_btf; }
+  // The unwinder of complete (CFI) stacks can run.
+  bool cfi_stacks() const { return bpf_loop && task_btf; }
+};
+
+// Probes the running kernel (needs root for the BPF probes; without it, bpf
+// is false and bpf_error says why).
+KernelFeatures probe_kernel();
+
+// One line per feature: what this kernel supports, and which mechanism or
+// fallback the tool uses ("ok", "fallback", "missing" first).
+std::vector<std::string> describe(const KernelFeatures& k);
+
+}  // namespace memtrace::loader
