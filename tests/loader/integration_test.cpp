@@ -465,3 +465,52 @@ TEST_F(Tracing, AllocatorDlopenedLaterIsTracedToo) {
   EXPECT_EQ((*grp)["bytes"], 250 * 777);
   expect_no_losses(t.report);
 }
+
+// Complete stacks through code without frame pointers (the program and a
+// shared library built -fomit-frame-pointer), taken by the real tool: the CFI
+// unwinder on kernels that have bpf_loop. The report says which unwinder ran.
+TEST_F(Tracing, CfiStacksThroughCodeWithoutFramePointers) {
+  struct Case {
+    const char* mode;
+    std::vector<std::string> frames;  // innermost first, then main
+  };
+  const Case cases[] = {{"chain", {"c6", "c5", "c4", "c3", "c2", "c1", "run", "main"}},
+                        {"shlib", {"lib_entry", "run", "main"}}};
+  for (const Case& c : cases) {
+    ToolRun t = run_tool({"--", UNW_DIR "/unwind_target", c.mode});
+    ASSERT_EQ(t.code, 0) << t.err;
+    ASSERT_EQ(t.report["kernel"]["stacks"], "cfi") << t.report["kernel"].dump();
+    const json* p = find_comm(t.report, "unwind_target");
+    ASSERT_TRUE(p) << t.report.dump();
+    const json* grp = nullptr;
+    for (const auto& g : (*p)["leaks"])
+      if (g["bytes"] == 123457) grp = &g;
+    ASSERT_TRUE(grp) << (*p)["leaks"].dump();
+    std::vector<std::string> got;
+    for (const auto& f : (*grp)["stack"]) got.push_back(f.value("function", "?"));
+    std::string all;
+    for (const auto& g : got) all += g + " ";
+    // lib_entry may call helpers of its own first: find the chain in order.
+    size_t at = 0;
+    for (const auto& want : c.frames) {
+      while (at < got.size() && got[at] != want) at++;
+      EXPECT_LT(at, got.size()) << c.mode << ": no " << want << " in order in " << all;
+    }
+    EXPECT_FALSE((*grp)["stack_truncated"].get<bool>()) << all;
+    EXPECT_EQ(got.back(), "_start") << c.mode << ": " << all;
+    expect_no_losses(t.report);
+  }
+}
+
+// --check: every line names a feature, the BPF programs load and the probes
+// attach on this kernel, and it says so with exit code 0.
+TEST_F(Tracing, CheckLoadsAndAttachesEverything) {
+  Child c = spawn({tool(), "--check"});
+  close(c.in);
+  std::string out = read_all(c.out), err = read_all(c.err);
+  EXPECT_EQ(wait_exit(c.pid), 0) << out << err;
+  EXPECT_NE(out.find("ok       BPF programs: "), std::string::npos) << out;
+  EXPECT_NE(out.find("ok       allocator probes: "), std::string::npos) << out;
+  EXPECT_NE(out.find("memtrace-bpf can run on this kernel"), std::string::npos) << out;
+  EXPECT_EQ(out.find("missing"), std::string::npos) << out;
+}
