@@ -61,11 +61,13 @@ std::string load_failure(int err) {
     if (q1 != std::string::npos) prog = log.substr(q1 + 1, q2 - q1 - 1);
   }
   if (prog.empty()) {
-    std::string last;  // libbpf's last warning, e.g. a map it could not create
+    // libbpf's first warning says what went wrong (a map it could not
+    // create, a relocation); the later ones only that the object failed.
+    std::string first;
     std::istringstream is(log);
-    for (std::string l; std::getline(is, l);)
-      if (!l.empty()) last = l;
-    return "load BPF programs: " + std::string(strerror(err)) + (last.empty() ? "" : " (libbpf: " + last + ")");
+    for (std::string l; std::getline(is, l) && first.empty();)
+      if (!l.empty()) first = l.rfind("libbpf: ", 0) == 0 ? l.substr(8) : l;
+    return "load BPF programs: " + std::string(strerror(err)) + (first.empty() ? "" : " (libbpf: " + first + ")");
   }
   std::vector<std::string> lines;
   size_t b = log.find("-- BEGIN PROG LOAD LOG --", at), e = log.find("-- END PROG LOAD LOG --", at);
