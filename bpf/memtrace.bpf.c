@@ -7,7 +7,16 @@
  * loader (with the PID), so that no other process pays for them. A process
  * that exec's or forks under tracing is stopped here (SIGSTOP, before it runs
  * a user instruction) until the loader has attached its probes; the loader
- * sends SIGCONT. */
+ * sends SIGCONT.
+ *
+ * Two builds of this file (bpf/CMakeLists.txt), chosen at load time from the
+ * kernel's features (src/loader/kernel_features.h): the full one, and with
+ * -DMT_COMPAT one for kernels before 5.17 (5.10 .. 5.16) that uses none of
+ * bpf_loop, bpf_find_vma, BPF cookies, task storage, bpf_get_current_task_btf
+ * or bpf_task_pt_regs: one entry program per allocator role, in-flight calls
+ * in a tid-keyed hash, frame-pointer stacks, faults without the VMA check.
+ * Both define the same maps, programs and read-only variables in the same
+ * order (the loader opens either through one skeleton). */
 #include "vmlinux.h"
 
 #include <bpf/bpf_core_read.h>
@@ -51,6 +60,7 @@ struct {
 	__type(value, struct mt_target);
 } targets SEC(".maps");
 
+#ifndef MT_COMPAT
 /* The allocator call in flight on a thread: task local storage (one
  * pointer-chase from the task, no hashing, freed with the task) rather than
  * a tid-keyed hash (W1: the hash update at entry alone cost ~130 ns per
@@ -62,17 +72,53 @@ struct {
 	__type(value, struct mt_inflight);
 } inflight SEC(".maps");
 
-static __always_inline struct mt_inflight *inflight_get(__u64 create)
+typedef struct task_struct *mt_task_t;
+static __always_inline mt_task_t current_task(void) { return bpf_get_current_task_btf(); }
+
+static __always_inline struct mt_inflight *inflight_of(mt_task_t task, __u64 create)
 {
-	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, create);
+	return bpf_task_storage_get(&inflight, task, 0, create);
 }
 
 /* bpf_get_current_pid_tgid() from a task pointer the program has anyway:
  * two loads instead of a helper call (each call returns through the
  * kernel's return thunk; the allocator probes made four per allocation). */
-static __always_inline __u64 task_pid_tgid(struct task_struct *t)
+static __always_inline __u64 task_pid_tgid(mt_task_t t)
 {
 	return (__u64)(__u32)t->tgid << 32 | (__u32)t->pid;
+}
+#else
+/* No task storage in tracing programs before 5.11: a hash keyed by tid,
+ * preallocated (no allocation in the probe), its entry deleted when the
+ * thread exits (mt_exit). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct mt_inflight);
+} inflight SEC(".maps");
+
+typedef void *mt_task_t; /* unused: no BTF task pointer before 5.11 */
+static __always_inline mt_task_t current_task(void) { return 0; }
+
+static __always_inline struct mt_inflight *inflight_of(mt_task_t task, __u64 create)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct mt_inflight *cur = bpf_map_lookup_elem(&inflight, &tid);
+	if (!cur && create) {
+		struct mt_inflight zero = {};
+		bpf_map_update_elem(&inflight, &tid, &zero, BPF_NOEXIST);
+		cur = bpf_map_lookup_elem(&inflight, &tid);
+	}
+	return cur;
+}
+
+static __always_inline __u64 task_pid_tgid(mt_task_t t) { return bpf_get_current_pid_tgid(); }
+#endif
+
+static __always_inline struct mt_inflight *inflight_get(__u64 create)
+{
+	return inflight_of(current_task(), create);
 }
 
 struct {
@@ -234,14 +280,10 @@ static __always_inline __u64 mul_sat(__u64 a, __u64 b)
  * return address is relative to rsp at the chosen probe offset).
  * ---------------------------------------------------------------------- */
 
-SEC("uprobe")
-int mt_alloc_enter(struct pt_regs *ctx)
+static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_at)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	mt_task_t task = current_task();
 	__u64 pid_tgid = task_pid_tgid(task);
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	__u32 role = cookie & 0xff;
-	int ret_at = (int)(cookie >> 8);
 	__u64 sp = PT_REGS_SP(ctx);
 	struct mt_inflight *cur, rec = {};
 	__u32 flags = 0;
@@ -253,8 +295,7 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	 * cur is known non-NULL across the stack capture below (a
 	 * pointer-or-NULL live across it would make the verifier check the
 	 * unwinder once per case). */
-	cur = bpf_task_storage_get(&inflight, task, 0,
-				   role == MT_ROLE_FREE ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
+	cur = inflight_of(task, role == MT_ROLE_FREE ? 0 : 1);
 	if (cur && cur->depth > 0) {
 		if (sp <= cur->sp) {
 			/* A public entry point called from inside another
@@ -333,12 +374,39 @@ int mt_alloc_enter(struct pt_regs *ctx)
 	return 0;
 }
 
+#ifndef MT_COMPAT
+SEC("uprobe")
+int mt_alloc_enter(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	return alloc_enter(ctx, cookie & 0xff, (int)(cookie >> 8));
+}
+#else
+/* No BPF cookie before 5.15: one program per role (the loader attaches role
+ * R's probes to mt_alloc_enter_R, mt_alloc_enter being malloc's), each probe
+ * placed where the return address is still at [rsp] (ret_at 0). */
+SEC("uprobe")
+int mt_alloc_enter(struct pt_regs *ctx) { return alloc_enter(ctx, MT_ROLE_MALLOC, 0); }
+#define MT_ROLE_PROG(R)                                                        \
+	SEC("uprobe") int mt_alloc_enter_##R(struct pt_regs *ctx) { return alloc_enter(ctx, R, 0); }
+MT_ROLE_PROG(1)
+MT_ROLE_PROG(2)
+MT_ROLE_PROG(3)
+MT_ROLE_PROG(4)
+MT_ROLE_PROG(5)
+MT_ROLE_PROG(6)
+MT_ROLE_PROG(7)
+MT_ROLE_PROG(8)
+MT_ROLE_PROG(9)
+_Static_assert(MT_ROLE_COUNT == 10, "one mt_alloc_enter_R per role");
+#endif
+
 SEC("uretprobe")
 int mt_alloc_exit(struct pt_regs *ctx)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	mt_task_t task = current_task();
 	__u64 pid_tgid = task_pid_tgid(task);
-	struct mt_inflight *cur = bpf_task_storage_get(&inflight, task, 0, 0);
+	struct mt_inflight *cur = inflight_of(task, 0);
 	__u64 ret = PT_REGS_RC(ctx);
 	__u64 size, addr;
 	__u32 role;
@@ -407,7 +475,14 @@ static __always_inline void save_args(__u64 pid_tgid, __u64 a0, __u64 a1, __u64 
 
 static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 {
+#ifndef MT_COMPAT
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+#else
+	/* No bpf_task_pt_regs before 5.15: x86-64's task_pt_regs(), the top of
+	 * the task's kernel stack (THREAD_SIZE 16 KiB: kernels without KASAN). */
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	struct pt_regs *regs = (struct pt_regs *)((char *)BPF_CORE_READ(t, stack) + 16384) - 1;
+#endif
 	struct mt_uregs r = {.ip = PT_REGS_IP_CORE(regs),
 			     .sp = PT_REGS_SP_CORE(regs),
 			     .bp = PT_REGS_FP_CORE(regs),
@@ -658,7 +733,7 @@ static __always_inline int child_returns(struct trace_event_raw_sys_exit *ctx)
 	t = bpf_map_lookup_elem(&targets, &tgid);
 	if (!t)
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u32 ppid = BPF_CORE_READ(task, real_parent, tgid);
 	/* The program the loader launches: already marked PENDING by the loader
 	 * before this first return; it waits for the loader and is stopped at
@@ -724,6 +799,9 @@ int mt_exit(__u64 *ctx)
 
 	/* inflight (task storage) goes with the task */
 	bpf_map_delete_elem(&sysargs, &tid);
+#ifdef MT_COMPAT
+	bpf_map_delete_elem(&inflight, &tid);
+#endif
 	if (tgid == self_pid)
 		return 0;
 	if (!system_wide && !bpf_map_lookup_elem(&targets, &tgid))
@@ -759,6 +837,7 @@ struct mt_vma_check {
 	__u32 flags;
 };
 
+#ifndef MT_COMPAT
 /* x86 access_error(): a write needs VM_WRITE; any other access needs the VMA
  * to be accessible at all (a read of a present page is a protection fault). */
 static long mt_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
@@ -777,6 +856,7 @@ static long mt_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void
 	}
 	return 0;
 }
+#endif
 
 SEC("tp_btf/page_fault_user")
 int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigned long error_code)
@@ -798,6 +878,7 @@ int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigne
 		c.flags |= MT_F_FAULT_WRITE;
 	if (error_code & MT_PF_INSTR)
 		c.flags |= MT_F_FAULT_INSTR;
+#ifndef MT_COMPAT
 	err = bpf_find_vma(bpf_get_current_task_btf(), address, mt_vma_cb, &c, 0);
 	if (err == -2 /* ENOENT */)
 		c.flags |= MT_F_FAULT_NO_VMA;
@@ -805,6 +886,11 @@ int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigne
 		c.flags |= MT_F_FAULT_VMA_UNKNOWN;
 		count(MT_C_FAULT_VMA_BUSY);
 	}
+#else
+	/* No bpf_find_vma before 5.17: the access is not checked against its
+	 * VMA (the loader refuses --rearm, which needs that check). */
+	(void)err;
+#endif
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count(MT_C_FAULT_RINGBUF_FULL);

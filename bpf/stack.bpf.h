@@ -37,9 +37,11 @@ static __always_inline __u64 mt_stack_hash(const struct mt_stack *s)
 static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_at,
 					      struct mt_stack *out)
 {
+#ifndef MT_COMPAT /* the CFI unwinder's frame loop is bpf_loop (5.17) */
 	int cfi = mt_unwind_cfi(r, ret_at, out);
 	if (cfi >= 0)
 		return (__u32)cfi;
+#endif
 
 	__u64 sp = r->sp;
 	__u64 fp = r->bp;

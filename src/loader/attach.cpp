@@ -224,29 +224,48 @@ void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode) {
 }
 
 Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path) {
-  std::vector<uint64_t> eoff, ecookie, roff, rcookie, eoff0, ecookie0;
+  // Entry probes: offset, cookie (role | ret_at << 8), program; the same at
+  // the function's entry for a kernel that refuses the chosen offset.
+  struct Probe {
+    uint64_t off, cookie, off0, cookie0;
+    bpf_program* prog;
+  };
+  std::vector<Probe> entry;
+  std::vector<uint64_t> roff, rcookie;
   for (const ProbeSite& s : obj.sites) {
     if (!s.alias_of.empty()) continue;
     int32_t ret_at = s.placement.rsp_adjust;
-    eoff.push_back(s.file_offset + s.placement.offset);
-    ecookie.push_back(s.role | (static_cast<uint64_t>(static_cast<uint32_t>(ret_at)) << 8));
-    eoff0.push_back(s.file_offset);
-    ecookie0.push_back(s.role);
+    uint64_t off = s.file_offset + s.placement.offset;
+    bpf_program* prog = enter_[0];
+    if (mode_ == AttachMode::PerfEventPerRole) {
+      // No cookie to carry ret_at: the role's program assumes the return
+      // address at [rsp], so a placement after a push goes back to +0.
+      if (ret_at != 0) off = s.file_offset, ret_at = 0;
+      prog = s.role < enter_.size() ? enter_[s.role] : nullptr;
+      if (!prog) return Error::msg(std::string("no BPF program for ") + role_name(s.role));
+    }
+    uint64_t cookie = s.role | (static_cast<uint64_t>(static_cast<uint32_t>(ret_at)) << 8);
+    if (mode_ == AttachMode::PerfEventPerRole) {
+      // (libbpf refuses a cookie where the kernel cannot carry one)
+      entry.push_back({off, 0, s.file_offset, 0, prog});
+    } else {
+      entry.push_back({off, cookie, s.file_offset, s.role, prog});
+    }
     if (s.retprobe) {
       roff.push_back(s.file_offset + probes::return_probe_offset(s.placement));
-      rcookie.push_back(s.role);
+      rcookie.push_back(mode_ == AttachMode::PerfEventPerRole ? 0 : s.role);
     }
   }
   ProbeSet set;
-  if (mode_ == AttachMode::PerfEvent) {
+  if (mode_ != AttachMode::UprobeMulti) {
     // One uprobe per offset; a refused chosen offset falls back to the
     // function's entry for that probe alone.
-    for (size_t i = 0; i < eoff.size(); i++) {
-      auto e = perf_uprobe(enter_, open_path, pid, eoff[i], ecookie[i], false);
-      if (!e && eoff[i] != eoff0[i]) {
-        notes_.push_back("kernel refused the chosen probe offset +" + std::to_string(eoff[i]) + " in " + obj.path +
+    for (const Probe& p : entry) {
+      auto e = perf_uprobe(p.prog, open_path, pid, p.off, p.cookie, false);
+      if (!e && p.off != p.off0) {
+        notes_.push_back("kernel refused the chosen probe offset +" + std::to_string(p.off) + " in " + obj.path +
                          " (" + e.error().message + "): using the function's entry");
-        e = perf_uprobe(enter_, open_path, pid, eoff0[i], ecookie0[i], false);
+        e = perf_uprobe(p.prog, open_path, pid, p.off0, p.cookie0, false);
       }
       if (!e) return e.error();
       set.add_link(*e);
@@ -258,11 +277,18 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
     }
     return set;
   }
-  auto e = uprobe_multi(enter_, open_path, pid, eoff, ecookie, false);
+  std::vector<uint64_t> eoff, ecookie, eoff0, ecookie0;
+  for (const Probe& p : entry) {
+    eoff.push_back(p.off);
+    ecookie.push_back(p.cookie);
+    eoff0.push_back(p.off0);
+    ecookie0.push_back(p.cookie0);
+  }
+  auto e = uprobe_multi(enter_[0], open_path, pid, eoff, ecookie, false);
   if (!e && eoff != eoff0) {
     notes_.push_back("kernel refused the chosen probe offsets in " + obj.path + " (" +
                      e.error().message + "): using offset 0");
-    e = uprobe_multi(enter_, open_path, pid, eoff0, ecookie0, false);
+    e = uprobe_multi(enter_[0], open_path, pid, eoff0, ecookie0, false);
   }
   if (!e) return e.error();
   set.add_fd(*e);

@@ -86,12 +86,15 @@ class ProbeSet {
 enum class AttachMode {
   UprobeMulti,  // BPF_TRACE_UPROBE_MULTI (6.6): two links per process, cookies per offset
   PerfEvent,    // one perf-event uprobe per probe (5.15: BPF cookie through a BPF link)
+  PerfEventPerRole,  // no cookies (before 5.15): one perf-event uprobe per probe, one
+                     // entry program per role; probes only where ret_at is 0
 };
 
 class Attacher {
  public:
-  Attacher(bpf_program* enter, bpf_program* exit, AttachMode mode, AllocatorChoice choice = {})
-      : enter_(enter), exit_(exit), mode_(mode), choice_(std::move(choice)) {}
+  // enter: the entry program, or with PerfEventPerRole one per role (index = role).
+  Attacher(std::vector<bpf_program*> enter, bpf_program* exit, AttachMode mode, AllocatorChoice choice = {})
+      : enter_(std::move(enter)), exit_(exit), mode_(mode), choice_(std::move(choice)) {}
 
   // The allocator object a process uses, from its mappings (not a hard-coded
   // path): the executable if it defines malloc, else a non-glibc allocator
@@ -119,7 +122,7 @@ class Attacher {
 
   bool object_matches(const std::string& path) const;
 
-  bpf_program* enter_;
+  std::vector<bpf_program*> enter_;
   bpf_program* exit_;
   AttachMode mode_;
   AllocatorChoice choice_;

@@ -129,6 +129,25 @@ KernelFeatures probe_kernel() {
   return k;
 }
 
+std::string KernelFeatures::full_bpf_missing() const {
+  std::string m;
+  auto add = [&](bool have, const char* what) {
+    if (!have) m += (m.empty() ? "" : ", ") + std::string(what);
+  };
+  add(bpf_loop, "bpf_loop (5.17)");
+  add(find_vma, "bpf_find_vma (5.17)");
+  add(attach_cookie, "BPF cookies (5.15)");
+  add(task_pt_regs, "bpf_task_pt_regs (5.15)");
+  add(task_storage, "task storage in tracing programs (5.11)");
+  add(task_btf, "bpf_get_current_task_btf (5.11)");
+  return m;
+}
+
+bool choose_full_bpf(const KernelFeatures& k) {
+  if (const char* v = getenv("MEMTRACE_BPF_VARIANT"); v && *v) return std::string(v) != "compat";
+  return k.full_bpf();
+}
+
 std::vector<std::string> describe(const KernelFeatures& k) {
   std::vector<std::string> out;
   auto line = [&](bool ok, const std::string& what, const std::string& how) {
@@ -141,26 +160,33 @@ std::vector<std::string> describe(const KernelFeatures& k) {
   line(k.bpf, "BPF", k.bpf ? "bpf(2) usable" : k.bpf_error);
   line(k.btf, "BTF", k.btf ? "/sys/kernel/btf/vmlinux (CO-RE, BTF tracepoints)"
                            : "no /sys/kernel/btf/vmlinux: the kernel needs CONFIG_DEBUG_INFO_BTF=y");
-  line(k.ringbuf || !k.bpf, "ring buffer", k.ringbuf ? "BPF_MAP_TYPE_RINGBUF"
-                                              : "unknown (no BPF)");
-  if (k.bpf && !k.ringbuf) out.back() = "missing  ring buffer: BPF_MAP_TYPE_RINGBUF needs kernel 5.8";
+  if (k.bpf)
+    line(k.ringbuf, "ring buffer", k.ringbuf ? "BPF_MAP_TYPE_RINGBUF" : "BPF_MAP_TYPE_RINGBUF needs kernel 5.8");
   line(k.uprobes, "uprobes", k.uprobes ? "uprobe PMU" : "no uprobe PMU and no uprobe_events: CONFIG_UPROBE_EVENTS is off");
-  line(k.sched_tp_btf || !k.btf, "process events",
-       k.sched_tp_btf ? "sched_process_exec/fork/exit (BTF tracepoints)" : "unknown (no BTF)");
-  if (k.btf && !k.sched_tp_btf) out.back() = "missing  process events: no BTF for sched_process_exec/fork/exit";
+  if (k.btf)
+    line(k.sched_tp_btf, "process events",
+         k.sched_tp_btf ? "sched_process_exec/fork/exit (BTF tracepoints)" : "no BTF for sched_process_exec/fork/exit");
   if (!k.bpf) return out;
-  choice(k.uprobe_multi, "uprobe attach", "uprobe_multi links (one link per process for all entry probes)",
-         k.attach_cookie ? "one perf-event uprobe per probe and process, with BPF cookies (uprobe_multi links need 6.6)"
-                         : "one perf-event uprobe per probe and process, one program per allocator function "
-                           "(BPF cookies need 5.15)");
-  choice(k.cfi_stacks(), "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
-         "frame pointers only: the CFI unwinder needs bpf_loop (5.17)");
-  choice(k.task_storage, "in-flight calls", "task local storage", "hash map keyed by thread id (task storage needs 5.11)");
+  bool full = choose_full_bpf(k);
+  choice(full, "BPF object", "full (bpf_loop, bpf_find_vma, BPF cookies, task storage)",
+         "compat, for kernels before 5.17: this kernel lacks " +
+             (k.full_bpf() ? std::string("nothing (MEMTRACE_BPF_VARIANT=compat)") : k.full_bpf_missing()));
+  if (full)
+    choice(k.uprobe_multi, "uprobe attach", "uprobe_multi links (one link per process for all entry probes)",
+           "one perf-event uprobe per probe and process, with BPF cookies (uprobe_multi links need 6.6)");
+  else
+    choice(false, "uprobe attach", "",
+           "one perf-event uprobe per probe and process, one program per allocator function, probes where the "
+           "return address is at [rsp]");
+  choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
+         "frame pointers only (the CFI unwinder's frame loop needs bpf_loop, 5.17)");
+  choice(full, "in-flight calls", "task local storage", "hash map keyed by thread id");
   choice(k.exit_group_dead, "process exit", "sched_process_exit's group_dead",
          "last thread found by signal->live (group_dead is newer than this kernel)");
   if (k.page_fault_tp)
-    choice(k.find_vma, "page faults", "page_fault_user, checked against the VMA (bpf_find_vma)",
-           "page_fault_user without the VMA check: faults that end in SIGSEGV are not flagged (bpf_find_vma needs 5.17)");
+    choice(full, "page faults", "page_fault_user, checked against the VMA (bpf_find_vma)",
+           "page_fault_user without the VMA check: faults that end in SIGSEGV are not flagged, --rearm is off "
+           "(bpf_find_vma needs 5.17)");
   else
     line(false, "page faults", "no exceptions:page_fault_user tracepoint: --faults is off");
   return out;

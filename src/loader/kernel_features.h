@@ -38,9 +38,19 @@ struct KernelFeatures {
 
   // Everything the BPF programs need is there (possibly through fallbacks).
   bool can_run() const { return bpf && btf && ringbuf && uprobes && sched_tp_btf; }
-  // The unwinder of complete (CFI) stacks can run.
-  bool cfi_stacks() const { return bpf_loop && task_btf; }
+  // The full BPF object can load (5.17 and later, or backports of all of
+  // these); otherwise the compat object (bpf/memtrace.bpf.c, MT_COMPAT).
+  bool full_bpf() const {
+    return bpf_loop && find_vma && attach_cookie && task_storage && task_btf && task_pt_regs;
+  }
+  // What the full object needs and this kernel lacks ("bpf_loop, bpf_find_vma").
+  std::string full_bpf_missing() const;
 };
+
+// Which BPF object to load: the full one where the kernel allows it. The
+// environment variable MEMTRACE_BPF_VARIANT=compat|full overrides the choice
+// (tests run the compat object on a new kernel with it).
+bool choose_full_bpf(const KernelFeatures& k);
 
 // Probes the running kernel (needs root for the BPF probes; without it, bpf
 // is false and bpf_error says why).

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "memtrace_bpf.skel.h"
+#include "memtrace_bpf_compat.skel.h"
 
 namespace memtrace::loader {
 namespace {
@@ -108,6 +109,24 @@ bool counter_is_loss(int c) {
          c != MT_C_FAULT_VMA_BUSY;
 }
 
+// The full object, or the compat one (kernels before 5.17) through the same
+// skeleton: bpf/skeletons_agree.py checks at build time that the compat
+// object has every map and program the skeleton names and the same
+// read-only variables.
+memtrace_bpf* open_skeleton(bool full) {
+  auto* obj = static_cast<memtrace_bpf*>(calloc(1, sizeof(memtrace_bpf)));
+  if (!obj) return nullptr;
+  int err = memtrace_bpf__create_skeleton(obj);
+  if (!err && !full) obj->skeleton->data = const_cast<void*>(memtrace_bpf_compat__elf_bytes(&obj->skeleton->data_sz));
+  if (!err) err = bpf_object__open_skeleton(obj->skeleton, nullptr);
+  if (err) {
+    memtrace_bpf__destroy(obj);
+    errno = -err;
+    return nullptr;
+  }
+  return obj;
+}
+
 }  // namespace
 
 Tracer::Tracer(Options o)
@@ -172,17 +191,29 @@ Result<void> Tracer::load() {
   }
   if (o_.faults && !kf_.page_fault_tp)
     return Error::msg("--faults: kernel " + kf_.release + " has no exceptions:page_fault_user tracepoint");
-  attach_mode_ = kf_.uprobe_multi ? AttachMode::UprobeMulti : AttachMode::PerfEvent;
-  if (o_.stacks && o_.cfi && !kf_.cfi_stacks()) {
-    o_.cfi = false;
-    kernel_notes_.push_back("stacks: frame pointers only: kernel " + kf_.release +
-                            " has no bpf_loop (5.17), which the CFI unwinder needs");
+  full_bpf_ = choose_full_bpf(kf_);
+  if (!full_bpf_) {
+    if (o_.rearm_ms > 0)
+      return Error::msg("--rearm needs bpf_find_vma (kernel 5.17), which kernel " + kf_.release + " does not have");
+    kernel_notes_.push_back("kernel " + kf_.release + ": the BPF programs for kernels before 5.17 (it lacks " +
+                            (kf_.full_bpf() ? std::string("nothing: MEMTRACE_BPF_VARIANT=compat") : kf_.full_bpf_missing()) +
+                            ")");
+    if (o_.stacks && o_.cfi) {
+      o_.cfi = false;
+      kernel_notes_.push_back("stacks: frame pointers only (the CFI unwinder needs bpf_loop, kernel 5.17)");
+    }
+    if (o_.faults)
+      kernel_notes_.push_back("page faults: not checked against their VMA (bpf_find_vma needs kernel 5.17): "
+                              "faults that end in SIGSEGV are not flagged");
+    attach_mode_ = AttachMode::PerfEventPerRole;
+  } else {
+    attach_mode_ = kf_.uprobe_multi ? AttachMode::UprobeMulti : AttachMode::PerfEvent;
   }
   if (attach_mode_ == AttachMode::PerfEvent)
     kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
                             " has no uprobe_multi links (6.6)");
 
-  skel_ = memtrace_bpf__open();
+  skel_ = open_skeleton(full_bpf_);
   if (!skel_) return Error::sys("open BPF object");
   auto* ro = skel_->rodata;
   ro->self_pid = getpid();
@@ -231,8 +262,15 @@ Result<void> Tracer::load() {
   // The events ring alone, drained from inside proc-event callbacks.
   rb_events_ = ring_buffer__new(bpf_map__fd(skel_->maps.events), event_cb, this, nullptr);
   if (!rb_events_) return Error::sys("ring buffer");
-  attacher_ = std::make_unique<Attacher>(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit,
-                                        attach_mode_, o_.allocator);
+  std::vector<bpf_program*> enter = {skel_->progs.mt_alloc_enter};
+  if (attach_mode_ == AttachMode::PerfEventPerRole)
+    for (uint32_t r = 1; r < MT_ROLE_COUNT; r++) {
+      std::string name = "mt_alloc_enter_" + std::to_string(r);
+      bpf_program* p = bpf_object__find_program_by_name(skel_->obj, name.c_str());
+      if (!p) return Error::msg("BPF object without " + name);
+      enter.push_back(p);
+    }
+  attacher_ = std::make_unique<Attacher>(std::move(enter), skel_->progs.mt_alloc_exit, attach_mode_, o_.allocator);
   if (cfi) {
     auto u = unwind::UnwindMaps::create(skel_->maps.unwind_rows, skel_->maps.unwind_procs,
                                         skel_->maps.unwind_epoch);
@@ -605,7 +643,8 @@ int Tracer::check(std::ostream& os) {
     os << "missing  allocator probes: " << set.error().message << "\n";
     rc = 1;
   } else {
-    os << "ok       allocator probes: " << set->size() << " " << (attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi links" : "perf-event uprobes")
+    os << "ok       allocator probes: " << set->size() << " "
+       << (attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi links" : "perf-event uprobes")
        << " on " << where.path << " (" << (*obj)->family << ") attached and detached\n";
   }
   teardown();
@@ -623,11 +662,12 @@ std::vector<std::string> Tracer::notes() const {
 // Which mechanism each feature ran on (the kernel decides: kernel_features.h).
 nlohmann::json Tracer::kernel_json() const {
   return {{"release", kf_.release},
+          {"bpf", full_bpf_ ? "full" : "compat"},
           {"uprobes", attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi" : "perf_event"},
           {"stacks", !o_.stacks ? "none" : o_.cfi ? "cfi" : "frame_pointers"},
-          {"inflight", kf_.task_storage ? "task_storage" : "hash"},
+          {"inflight", full_bpf_ ? "task_storage" : "hash"},
           {"exit", kf_.exit_group_dead ? "group_dead" : "signal_live"},
-          {"fault_vma_check", o_.faults && kf_.find_vma}};
+          {"fault_vma_check", o_.faults && full_bpf_}};
 }
 
 void Tracer::report_final(int exit_code) {

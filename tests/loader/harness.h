@@ -143,4 +143,23 @@ inline PerRound parse_per_round(const std::string& out) {
 
 inline long u(const nlohmann::json& p, const char* k) { return p["summary"][k].get<long>(); }
 
+// `memtrace-bpf --check` on this kernel (run once): tests of features a
+// kernel may lack (bpf_find_vma before 5.17, ...) assert what the tool does
+// there instead, which --check announces with a "fallback" line.
+inline const std::string& kernel_check() {
+  static std::string out = [] {
+    Child c = spawn({tool(), "--check"});
+    close(c.in);
+    std::string o = read_all(c.out);
+    read_all(c.err);
+    wait_exit(c.pid);
+    return o;
+  }();
+  return out;
+}
+// "page faults", "stacks", ... : does --check say the best mechanism is used?
+inline bool kernel_ok(const std::string& feature) {
+  return kernel_check().find("ok       " + feature + ":") != std::string::npos;
+}
+
 }  // namespace memtrace::testing

@@ -475,11 +475,10 @@ TEST_F(Tracing, CfiStacksThroughCodeWithoutFramePointers) {
     std::vector<std::string> frames;  // innermost first, then main
   };
   const Case cases[] = {{"chain", {"c6", "c5", "c4", "c3", "c2", "c1", "run", "main"}},
-                        {"shlib", {"lib_entry", "run", "main"}}};
+                        {"shlib", {"lib_inner", "lib_middle", "lib_entry", "run", "main"}}};
   for (const Case& c : cases) {
     ToolRun t = run_tool({"--", UNW_DIR "/unwind_target", c.mode});
     ASSERT_EQ(t.code, 0) << t.err;
-    ASSERT_EQ(t.report["kernel"]["stacks"], "cfi") << t.report["kernel"].dump();
     const json* p = find_comm(t.report, "unwind_target");
     ASSERT_TRUE(p) << t.report.dump();
     const json* grp = nullptr;
@@ -490,7 +489,21 @@ TEST_F(Tracing, CfiStacksThroughCodeWithoutFramePointers) {
     for (const auto& f : (*grp)["stack"]) got.push_back(f.value("function", "?"));
     std::string all;
     for (const auto& g : got) all += g + " ";
-    // lib_entry may call helpers of its own first: find the chain in order.
+    if (!kernel_ok("stacks")) {
+      // Before 5.17: frame pointers only, which this code does not keep.
+      // The report says so; the caller of malloc is still exact (read at
+      // [rsp] at the probe).
+      EXPECT_EQ(t.report["kernel"]["stacks"], "frame_pointers") << t.report["kernel"].dump();
+      bool noted = false;
+      for (const auto& n : t.report["notes"])
+        noted |= n.get<std::string>().find("stacks: frame pointers only") != std::string::npos;
+      EXPECT_TRUE(noted) << t.report["notes"].dump();
+      ASSERT_FALSE(got.empty());
+      EXPECT_EQ(got[0], c.frames[0]) << all;
+      continue;
+    }
+    ASSERT_EQ(t.report["kernel"]["stacks"], "cfi") << t.report["kernel"].dump();
+    // In order (inlined frames may sit between them).
     size_t at = 0;
     for (const auto& want : c.frames) {
       while (at < got.size() && got[at] != want) at++;
@@ -513,4 +526,10 @@ TEST_F(Tracing, CheckLoadsAndAttachesEverything) {
   EXPECT_NE(out.find("ok       allocator probes: "), std::string::npos) << out;
   EXPECT_NE(out.find("memtrace-bpf can run on this kernel"), std::string::npos) << out;
   EXPECT_EQ(out.find("missing"), std::string::npos) << out;
+  // One line per feature: each starts with ok, fallback or missing.
+  std::istringstream is(out);
+  for (std::string l; std::getline(is, l);)
+    EXPECT_TRUE(l.rfind("ok ", 0) == 0 || l.rfind("fallback ", 0) == 0 || l.rfind("kernel ", 0) == 0 ||
+                l.rfind("note ", 0) == 0 || l.rfind("memtrace-bpf can run", 0) == 0)
+        << l;
 }
