@@ -1,16 +1,25 @@
 #include "loader/attach.h"
 
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <elf.h>
 #include <linux/bpf.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/perf_event.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <sys/sysmacros.h>
 
+#include <algorithm>
 #include <climits>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstdio>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -35,29 +44,151 @@ ProbeSet& ProbeSet::operator=(ProbeSet&& o) noexcept {
 
 namespace {
 std::mutex g_detach_mu;
-std::vector<std::thread> g_detachers;
+std::vector<std::thread> g_detachers;  // one per BPF link fd (uprobe_multi)
+
+// Perf-event uprobes are closed one at a time by one thread, and only while
+// no attach is in progress: the kernel closes each under its event_mutex
+// across an RCU grace period (perf_uprobe_destroy -> perf_trace_event_unreg
+// -> tracepoint_synchronize_unregister: ~100 ms each in this VM), and
+// perf_event_open of a uprobe takes the same mutex. Closed all at once, the
+// 17 perf events of each exited process made the next process's attach wait
+// for all of them (-c with short processes: attaches of 1 ms took seconds).
+std::condition_variable g_perf_cv;
+std::deque<Link> g_perf_queue;
+int g_attaching = 0;
+bool g_perf_stop = false;  // detach_wait: the thread ends after its current close
+std::thread g_perf_thread;
+// Probes that still fire (a live process's, system-wide ones): closed by
+// detach_wait itself, before the tool exits, never left to the reaper: a
+// system-wide uprobe left open for seconds after the exit made every process
+// on the machine trap into the old session's programs.
+std::vector<Link> g_perf_urgent;
+
+void close_link(const Link& l) {
+  if (l.fd >= 0) close(l.fd);
+  if (l.perf_fd >= 0) close(l.perf_fd);
+}
+
+void perf_detacher() {
+  std::unique_lock<std::mutex> lk(g_detach_mu);
+  for (;;) {
+    g_perf_cv.wait(lk, [] { return g_perf_stop || (!g_perf_queue.empty() && g_attaching == 0); });
+    if (g_perf_stop) return;
+    Link l = g_perf_queue.front();
+    g_perf_queue.pop_front();
+    lk.unlock();
+    close_link(l);
+    lk.lock();
+  }
+}
 }  // namespace
 
-void detach_async(std::vector<Link> links) {
+AttachScope::AttachScope() {
   std::lock_guard<std::mutex> lk(g_detach_mu);
-  for (Link l : links)
-    g_detachers.emplace_back([l] {
-      if (l.link) bpf_link__destroy(l.link);
-      if (l.fd >= 0) close(l.fd);
-    });
+  g_attaching++;
+}
+AttachScope::~AttachScope() {
+  std::lock_guard<std::mutex> lk(g_detach_mu);
+  g_attaching--;
+  g_perf_cv.notify_all();
+}
+
+void detach_async(std::vector<Link> links, bool urgent) {
+  std::lock_guard<std::mutex> lk(g_detach_mu);
+  for (Link l : links) {
+    if (l.perf_fd >= 0 && urgent) {
+      g_perf_urgent.push_back(l);
+    } else if (l.perf_fd >= 0) {
+      g_perf_queue.push_back(l);
+      if (!g_perf_thread.joinable()) {
+        g_perf_stop = false;
+        g_perf_thread = std::thread(perf_detacher);
+      }
+    } else if (l.fd >= 0) {
+      g_detachers.emplace_back([fd = l.fd] { close(fd); });
+    }
+  }
+  g_perf_cv.notify_all();
 }
 
 void detach_wait() {
   std::vector<std::thread> ts;
+  std::thread perf;
   {
     std::lock_guard<std::mutex> lk(g_detach_mu);
     ts.swap(g_detachers);
+    g_perf_stop = true;
+    perf.swap(g_perf_thread);
+    g_perf_cv.notify_all();
   }
   for (auto& t : ts) t.join();
+  if (perf.joinable()) perf.join();
+  std::vector<Link> urgent;
+  {
+    std::lock_guard<std::mutex> lk(g_detach_mu);
+    urgent.swap(g_perf_urgent);
+  }
+  for (const Link& l : urgent) close_link(l);
+}
+
+// The perf-event uprobes still open (detach_wait stopped their thread): a
+// process of their own closes them (~100 ms each), so that the tool exits at
+// once. It keeps no other fd (not the output, not a pipe someone waits on to
+// see the tool go) and ignores the signals that stop the tool. The newest
+// first: the probes of processes still running, queued at teardown.
+void detach_in_background() {
+  std::vector<Link> links;
+  {
+    std::lock_guard<std::mutex> lk(g_detach_mu);
+    links.assign(g_perf_queue.rbegin(), g_perf_queue.rend());
+    g_perf_queue.clear();
+  }
+  if (links.empty()) return;
+  std::vector<int> keep;
+  for (const Link& l : links) keep.insert(keep.end(), {l.fd, l.perf_fd});
+  std::sort(keep.begin(), keep.end());
+  std::vector<int> others;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      int fd = atoi(e->d_name);
+      if (e->d_name[0] != '.' && fd != dirfd(d) && !std::binary_search(keep.begin(), keep.end(), fd))
+        others.push_back(fd);
+    }
+    closedir(d);
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    // Only syscalls from here (another thread may have held a lock at fork).
+    setsid();
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    for (int fd : others) close(fd);
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; fd++)
+      if (null >= 0 && !std::binary_search(keep.begin(), keep.end(), fd)) dup2(null, fd);
+    if (null > 2) close(null);
+    for (const Link& l : links) close_link(l);
+    _exit(0);
+  }
+  if (pid < 0) {  // no process: close them here, slowly
+    for (const Link& l : links) close_link(l);
+    return;
+  }
+  for (const Link& l : links) {  // the reaper holds them now
+    if (l.fd >= 0) close(l.fd);
+    if (l.perf_fd >= 0) close(l.perf_fd);
+  }
 }
 
 void ProbeSet::reset() {
-  if (!links_.empty()) detach_async(std::move(links_));
+  if (!links_.empty()) detach_async(std::move(links_), false);
+  links_.clear();
+}
+
+void ProbeSet::reset_before_exit() {
+  if (!links_.empty()) detach_async(std::move(links_), true);
   links_.clear();
 }
 
@@ -202,15 +333,64 @@ Result<int> uprobe_multi(bpf_program* prog, const std::string& path, pid_t pid,
 
 // A perf-event uprobe (uprobe PMU) for one offset, with the cookie carried by
 // a BPF link (kernel >= 5.15).
-Result<bpf_link*> perf_uprobe(bpf_program* prog, const std::string& path, pid_t pid, uint64_t offset,
-                              uint64_t cookie, bool ret) {
-  LIBBPF_OPTS(bpf_uprobe_opts, o, .bpf_cookie = cookie, .retprobe = ret);
-  bpf_link* l = bpf_program__attach_uprobe_opts(prog, pid > 0 ? pid : -1, path.c_str(), offset, &o);
-  if (!l) {
-    int err = errno;
-    return Error::sys(std::string("attach ") + (ret ? "uretprobe" : "uprobe") + " at +" + std::to_string(offset) +
+// The uprobe PMU's type and the bit of its config that makes a return probe
+// (/sys/bus/event_source/devices/uprobe: "8" and "config:0" here).
+struct UprobePmu {
+  int type = -1;
+  int ret_bit = 0;
+};
+const UprobePmu& uprobe_pmu() {
+  static UprobePmu pmu = [] {
+    UprobePmu p;
+    if (FILE* f = fopen("/sys/bus/event_source/devices/uprobe/type", "r")) {
+      if (fscanf(f, "%d", &p.type) != 1) p.type = -1;
+      fclose(f);
+    }
+    if (FILE* f = fopen("/sys/bus/event_source/devices/uprobe/format/retprobe", "r")) {
+      if (fscanf(f, "config:%d", &p.ret_bit) != 1) p.ret_bit = 0;
+      fclose(f);
+    }
+    return p;
+  }();
+  return pmu;
+}
+
+// A perf-event uprobe (uprobe PMU) at one offset, for one process (pid > 0)
+// or all, with prog attached: through a BPF link that carries the cookie
+// (5.15), or with PERF_EVENT_IOC_SET_BPF where there are no cookies (5.10).
+// The fds are ours, not libbpf's: a reaper process closes them at exit
+// (detach_in_background).
+Result<Link> perf_uprobe(bpf_program* prog, const std::string& path, pid_t pid, uint64_t offset, uint64_t cookie,
+                         bool ret, bool with_cookie) {
+  auto fail = [&](const char* what, int err) {
+    return Error::sys(std::string(what) + " " + (ret ? "uretprobe" : "uprobe") + " at +" + std::to_string(offset) +
                           " in " + path + (pid > 0 ? " for pid " + std::to_string(pid) : ""),
                       err);
+  };
+  const UprobePmu& pmu = uprobe_pmu();
+  if (pmu.type < 0) return Error::msg("no uprobe PMU (/sys/bus/event_source/devices/uprobe)");
+  perf_event_attr attr{};
+  attr.size = sizeof(attr);
+  attr.type = pmu.type;
+  attr.config = ret ? 1ULL << pmu.ret_bit : 0;
+  attr.config1 = reinterpret_cast<uint64_t>(path.c_str());
+  attr.config2 = offset;
+  int pfd = static_cast<int>(syscall(__NR_perf_event_open, &attr, pid > 0 ? pid : -1, pid > 0 ? -1 : 0, -1,
+                                     PERF_FLAG_FD_CLOEXEC));
+  if (pfd < 0) return fail("perf_event_open", errno);
+  Link l{-1, pfd};
+  if (with_cookie) {
+    LIBBPF_OPTS(bpf_link_create_opts, o, .perf_event = {.bpf_cookie = cookie});
+    l.fd = bpf_link_create(bpf_program__fd(prog), pfd, BPF_PERF_EVENT, &o);
+    if (l.fd < 0) {
+      int err = errno;
+      close(pfd);
+      return fail("attach BPF program to", err);
+    }
+  } else if (ioctl(pfd, PERF_EVENT_IOC_SET_BPF, bpf_program__fd(prog)) || ioctl(pfd, PERF_EVENT_IOC_ENABLE, 0)) {
+    int err = errno;
+    close(pfd);
+    return fail("attach BPF program to", err);
   }
   return l;
 }
@@ -224,6 +404,7 @@ void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode) {
 }
 
 Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path) {
+  AttachScope scope;  // pending perf-event closes wait
   // Entry probes: offset, cookie (role | ret_at << 8), program; the same at
   // the function's entry for a kernel that refuses the chosen offset.
   struct Probe {
@@ -261,19 +442,20 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
     // One uprobe per offset; a refused chosen offset falls back to the
     // function's entry for that probe alone.
     for (const Probe& p : entry) {
-      auto e = perf_uprobe(p.prog, open_path, pid, p.off, p.cookie, false);
+      bool cookies = mode_ == AttachMode::PerfEvent;
+      auto e = perf_uprobe(p.prog, open_path, pid, p.off, p.cookie, false, cookies);
       if (!e && p.off != p.off0) {
         notes_.push_back("kernel refused the chosen probe offset +" + std::to_string(p.off) + " in " + obj.path +
                          " (" + e.error().message + "): using the function's entry");
-        e = perf_uprobe(p.prog, open_path, pid, p.off0, p.cookie0, false);
+        e = perf_uprobe(p.prog, open_path, pid, p.off0, p.cookie0, false, cookies);
       }
       if (!e) return e.error();
-      set.add_link(*e);
+      set.add(*e);
     }
     for (size_t i = 0; i < roff.size(); i++) {
-      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true);
+      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true, mode_ == AttachMode::PerfEvent);
       if (!r) return r.error();
-      set.add_link(*r);
+      set.add(*r);
     }
     return set;
   }

@@ -48,16 +48,27 @@ struct AllocatorChoice {
 };
 
 // Destroying a uprobe link waits for an RCU grace period in the kernel
-// (~100 ms here, measured), so links are destroyed on background threads,
-// all at once: the drain loop never blocks on a detach. wait() joins them (tool exit).
-// A link is a BPF link fd (uprobe_multi) or a libbpf bpf_link (a perf-event
-// uprobe: its BPF link and its perf event fd).
+// (~100 ms here, measured), so links are destroyed on background threads:
+// the drain loop never blocks on a detach. A link is a BPF link fd
+// (uprobe_multi: closed all at once), or a perf-event uprobe (its perf event
+// fd and, with cookies, its BPF link fd: closed one at a time, never while
+// an attach is in progress; see attach.cpp). detach_wait() joins the threads
+// and closes the urgent ones (probes that still fire: a live process's,
+// system-wide ones) before the tool exits; detach_in_background() then hands
+// the perf events of exited processes still open to a process that closes
+// them while the tool exits.
 struct Link {
-  int fd = -1;
-  bpf_link* link = nullptr;
+  int fd = -1;       // BPF link
+  int perf_fd = -1;  // perf event (perf-event uprobes)
 };
-void detach_async(std::vector<Link> links);
+void detach_async(std::vector<Link> links, bool urgent);
 void detach_wait();
+void detach_in_background();
+// While one lives, no perf-event uprobe is closed (see attach.cpp).
+struct AttachScope {
+  AttachScope();
+  ~AttachScope();
+};
 
 // Links of one attachment (one process, or system-wide for one object);
 // destroying it detaches every probe.
@@ -69,9 +80,10 @@ class ProbeSet {
   ProbeSet(ProbeSet&& o) noexcept : links_(std::move(o.links_)) { o.links_.clear(); }
   ProbeSet& operator=(ProbeSet&& o) noexcept;
   ~ProbeSet() { reset(); }
-  void reset();
-  void add_fd(int link_fd) { links_.push_back({link_fd, nullptr}); }
-  void add_link(bpf_link* l) { links_.push_back({-1, l}); }
+  void reset();              // the process is gone: closed in the background
+  void reset_before_exit();  // the probes still fire: closed before the tool exits
+  void add_fd(int link_fd) { links_.push_back({link_fd, -1}); }
+  void add(Link l) { links_.push_back(l); }
   void absorb(ProbeSet&& o) {  // o's links now detach with this set
     links_.insert(links_.end(), o.links_.begin(), o.links_.end());
     o.links_.clear();

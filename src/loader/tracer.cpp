@@ -208,6 +208,9 @@ Result<void> Tracer::load() {
     attach_mode_ = AttachMode::PerfEventPerRole;
   } else {
     attach_mode_ = kf_.uprobe_multi ? AttachMode::UprobeMulti : AttachMode::PerfEvent;
+    // Benchmarks compare the two attach mechanisms on one kernel.
+    if (const char* a = getenv("MEMTRACE_UPROBE_ATTACH"); a && std::string(a) == "perf")
+      attach_mode_ = AttachMode::PerfEvent;
   }
   if (attach_mode_ == AttachMode::PerfEvent)
     kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
@@ -325,8 +328,12 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
     return {};  // not yet: a later executable mapping may bring it
   }
   if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
+  auto t0 = std::chrono::steady_clock::now();
   auto set = attacher_->attach(**obj, pid, openable_path(pid, where));
   if (!set) return set.error();
+  uint64_t us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  attach_us_ += us;
+  attach_count_++;
   p.probes = std::move(*set);
   p.attached = true;
   // The files already mapped are settled: a later mapping of a new file may
@@ -335,8 +342,8 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
     if (m.exec() && m.file()) p.objects.insert({makedev(m.dev_major, m.dev_minor), m.inode});
   unwind_add(pid);
   set_target_state(pid, MT_TS_TRACED, 1);
-  log("attached " + std::to_string(p.probes.size()) + " probes to pid " + std::to_string(pid) +
-      " in " + where.path);
+  log("attached " + std::to_string(p.probes.size()) + " probes to pid " + std::to_string(pid) + " in " + where.path +
+      " (" + std::to_string(us) + " us)");
   return {};
 }
 
@@ -584,6 +591,9 @@ report::Drops Tracer::drops() {
     d.dropped["unwind_table_failed"] = us.failed;
     d.stats["unwind_process_gone"] = unwind_gone_;
   }
+  // Per-process probe attach (uprobe_multi links, or one perf event per probe).
+  d.stats["attach_processes"] = attach_count_;
+  d.stats["attach_us"] = attach_us_;
   return d;
 }
 
@@ -592,11 +602,16 @@ void Tracer::teardown() {
   torn_down_ = true;
   // Detach every uprobe first (the targets run at full speed from here), then
   // the tracepoints; resume anything we stopped; then the maps go.
-  for (auto& [pid, p] : procs_) p.probes.reset();
+  for (auto& [pid, p] : procs_) {
+    if (p.exited) p.probes.reset();
+    else p.probes.reset_before_exit();
+  }
+  for (auto& [key, set] : system_probes_) set.reset_before_exit();
   system_probes_.clear();
   detach_wait();
   if (skel_) memtrace_bpf__detach(skel_);
   for (pid_t pid : std::set<pid_t>(stopped_)) resume(pid);
+  detach_in_background();
   if (rb_) {
     ring_buffer__free(rb_);
     rb_ = nullptr;
@@ -822,11 +837,16 @@ int Tracer::run() {
   }
   stop_rearm();  // protections restored before the probes go
   // Detach uprobes and tracepoints, then drain what is left.
-  for (auto& [pid, p] : procs_) p.probes.reset();
+  for (auto& [pid, p] : procs_) {
+    if (p.exited) p.probes.reset();
+    else p.probes.reset_before_exit();
+  }
+  for (auto& [key, set] : system_probes_) set.reset_before_exit();
   system_probes_.clear();
   detach_wait();
   if (skel_) memtrace_bpf__detach(skel_);
   for (pid_t pid : std::set<pid_t>(stopped_)) resume(pid);
+  detach_in_background();  // after the tracepoints: the reaper holds none of them
   while (ring_buffer__consume(rb_) > 0) {
   }
   report_final(exit_code);

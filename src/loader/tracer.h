@@ -115,6 +115,7 @@ class Tracer {
   std::unique_ptr<std::ostream> file_out_;
   std::vector<std::string> errors_;  // non-fatal, shown in the report
   uint64_t attach_failures_ = 0;
+  uint64_t attach_count_ = 0, attach_us_ = 0;  // per-process attaches, time in Attacher::attach
   uint64_t unwind_errors_ = 0;
   uint64_t unwind_gone_ = 0;
   // Launch mode: from the resume after the allocator probes were attached
