@@ -11,6 +11,11 @@ untraced run and against floor(chosen):
   memtrace        memtrace-bpf -- CMD            (if the binary exists)
   memtrace-fp     memtrace-bpf --unwind fp -- CMD   (frame-pointer stacks only)
   memtrace-nostk  memtrace-bpf --no-stacks -- CMD
+  memtrace-perf   memtrace-bpf -- CMD with MEMTRACE_UPROBE_ATTACH=perf: one
+                  perf-event uprobe per probe, as before uprobe_multi (6.1)
+  memtrace-compat memtrace-bpf -- CMD with MEMTRACE_BPF_VARIANT=compat: the BPF
+                  object for kernels before 5.17 (5.10: frame-pointer stacks,
+                  a hash for in-flight calls, one program per role)
   heaptrack       heaptrack CMD (LD_PRELOAD + libunwind)
 
 Floor rows use the floor's own FLOOR_CHILD_SECONDS (release to exit: the
@@ -68,6 +73,10 @@ def command(mode, cmd, floor_bin, memtrace_bin, tmp):
         return [memtrace_bin, "--unwind", "fp"] + rep + ["--"] + cmd
     if mode == "memtrace-nostk":
         return [memtrace_bin, "--no-stacks"] + rep + ["--"] + cmd
+    if mode == "memtrace-perf":
+        return ["env", "MEMTRACE_UPROBE_ATTACH=perf", memtrace_bin] + rep + ["--"] + cmd
+    if mode == "memtrace-compat":
+        return ["env", "MEMTRACE_BPF_VARIANT=compat", memtrace_bin] + rep + ["--"] + cmd
     if mode == "heaptrack":
         return ["heaptrack", "-o", os.path.join(tmp, "ht")] + cmd
     raise ValueError(mode)

@@ -181,14 +181,13 @@ Result<void> Tracer::load() {
     nf.rlim_cur = nf.rlim_max;
     setrlimit(RLIMIT_NOFILE, &nf);
   }
-  if (auto r = ensure_tracefs(); !r) return r;
-
   kf_ = probe_kernel();
   if (!kf_.can_run()) {
     for (const auto& l : describe(kf_))
-      if (l.rfind("missing", 0) == 0) return Error::msg("this kernel cannot run memtrace-bpf: " + l.substr(9));
-    return Error::msg("this kernel cannot run memtrace-bpf (memtrace-bpf --check says why)");
+      if (l.rfind("missing", 0) == 0) return Error::msg("memtrace-bpf cannot run here: " + l.substr(9));
+    return Error::msg("memtrace-bpf cannot run here (memtrace-bpf --check says why)");
   }
+  if (auto r = ensure_tracefs(); !r) return r;
   if (o_.faults && !kf_.page_fault_tp)
     return Error::msg("--faults: kernel " + kf_.release + " has no exceptions:page_fault_user tracepoint");
   full_bpf_ = choose_full_bpf(kf_);

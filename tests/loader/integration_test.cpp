@@ -327,6 +327,18 @@ TEST_F(Tracing, BadInputGivesOneLineAndNonZeroExit) {
   std::string e = read_all(nr.err);
   EXPECT_NE(wait_exit(nr.pid), 0);
   EXPECT_NE(e.find("must run as root"), std::string::npos) << e;
+  // Root without the capabilities BPF needs (a container without CAP_BPF and
+  // CAP_SYS_ADMIN): its own message, naming them.
+  Child nc = spawn({"/usr/bin/setpriv", "--bounding-set=-sys_admin,-bpf,-perfmon", "--inh-caps=-all", tool(), "--",
+                    "/bin/true"});
+  close(nc.in);
+  e = read_all(nc.err);
+  EXPECT_EQ(wait_exit(nc.pid), 2);
+  EXPECT_NE(e.find("memtrace-bpf cannot run here: BPF: bpf(2) refused to create a map (Operation not permitted): "
+                   "this process has neither CAP_BPF nor CAP_SYS_ADMIN"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
 }
 
 TEST_F(Tracing, SignalsDetachEveryProbeAndTheTargetRunsOn) {
