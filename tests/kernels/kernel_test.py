@@ -175,6 +175,7 @@ def copy_to(stage, path, dest=None):
 
 
 INIT = r"""#!/bin/busybox sh
+# (/tmp stays the initramfs's own, writable: a build tree may live under it)
 /bin/busybox mkdir -p /proc /sys /dev /tmp /usr/bin /usr/sbin /sbin
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -182,7 +183,6 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
-mount -t tmpfs tmp /tmp
 ln -s /bin/busybox /usr/bin/env
 
 exec >/dev/ttyS1 2>&1
@@ -215,6 +215,16 @@ poweroff -f
 """
 
 
+def source_dir(build):
+    """The source tree this build was configured from (its paths are compiled
+    into the tests)."""
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="):
+                return line.split("=", 1)[1].strip()
+    return ROOT
+
+
 def make_initramfs(build, out_dir, filters):
     stage = os.path.join(out_dir, "root")
     shutil.rmtree(stage, ignore_errors=True)
@@ -234,7 +244,7 @@ def make_initramfs(build, out_dir, filters):
               os.path.join(build, "tests/targets/alloc_rounds_static")):
         if is_dynamic_elf(p):
             sys.exit(f"kernel-test: {p} is dynamically linked: configure with -DMEMTRACE_STATIC=ON")
-    copy_to(stage, os.path.join(ROOT, "tests/targets/alloc_rounds.c"))
+    copy_to(stage, os.path.join(source_dir(build), "tests/targets/alloc_rounds.c"))  # the tests read it
     for p in SYSTEM_FILES:
         if os.path.exists(p):
             copy_to(stage, p)
