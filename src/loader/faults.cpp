@@ -90,10 +90,11 @@ std::optional<heap::FaultHit> MapsCache::lookup(pid_t pid, uint64_t addr, uint64
 // ---------------------------------------------------------------- trace lines
 
 void FaultTrace::header() {
+  std::ostream& os = out_();
   if (json_) return;
-  os_ << "# TIME(s)           COMM             PID     TID   RW IP                  FUNCTION                "
+  os << "# TIME(s)           COMM             PID     TID   RW IP                  FUNCTION                "
          "ADDRESS             HIT\n";
-  os_.flush();
+  os.flush();
 }
 
 std::string FaultTrace::function_at(pid_t pid, uint64_t addr, bool return_address) {
@@ -105,6 +106,7 @@ std::string FaultTrace::function_at(pid_t pid, uint64_t addr, bool return_addres
 }
 
 void FaultTrace::line(const heap::Process& p, const mt_event& e, const heap::FaultHit& h) {
+  std::ostream& os = out_();
   const char* rw = (e.h.flags & MT_F_FAULT_INSTR) ? "X" : (e.h.flags & MT_F_FAULT_WRITE) ? "W" : "R";
   uint64_t ip = e.old_addr;
   std::string fn = function_at(p.pid, ip, false);
@@ -138,24 +140,24 @@ void FaultTrace::line(const heap::Process& p, const mt_event& e, const heap::Fau
     if (h.kind != heap::Hit::Block && h.kind != heap::Hit::Unmapped) hit["region"] = heap::region_label(h);
     if (!alloc_fn.empty()) hit["alloc_function"] = alloc_fn;
     j["hit"] = std::move(hit);
-    os_ << j.dump() << "\n";
+    os << j.dump() << "\n";
   } else {
     char b[256];
     snprintf(b, sizeof b, "%-18s  %-16s %7d %7u  %s  %-18s  %-22s  %-18s  ", ts, p.comm.c_str(), p.pid, e.h.tid, rw,
              hex(ip).c_str(), fn.empty() ? "?" : fn.c_str(), hex(e.addr).c_str());
-    os_ << b;
+    os << b;
     if (h.kind == heap::Hit::Block) {
-      os_ << "block " << hex(h.start) << "+" << (h.end - h.start);
-      if (!alloc_fn.empty()) os_ << " from " << alloc_fn;
+      os << "block " << hex(h.start) << "+" << (h.end - h.start);
+      if (!alloc_fn.empty()) os << " from " << alloc_fn;
     } else {
-      os_ << heap::region_label(h);
+      os << heap::region_label(h);
       if (h.kind == heap::Hit::Mmap || h.kind == heap::Hit::AllocatorMap || h.kind == heap::Hit::ThreadStack)
-        os_ << " " << hex(h.start) << "+" << (h.end - h.start);
-      if (!alloc_fn.empty()) os_ << " from " << alloc_fn;
+        os << " " << hex(h.start) << "+" << (h.end - h.start);
+      if (!alloc_fn.empty()) os << " from " << alloc_fn;
     }
-    if (h.first_touch) os_ << " (first touch)";
-    if (access_error) os_ << " (SIGSEGV: rearmed page or crash)";
-    os_ << "\n";
+    if (h.first_touch) os << " (first touch)";
+    if (access_error) os << " (SIGSEGV: rearmed page or crash)";
+    os << "\n";
   }
 }
 

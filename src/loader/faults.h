@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,13 +49,16 @@ class MapsCache {
 // One line per fault (--trace-faults), seed 003's columns plus what was hit.
 class FaultTrace {
  public:
-  FaultTrace(std::ostream& os, bool json, Resolver& r, const heap::HeapModel& m) : os_(os), json_(json), r_(r), m_(m) {}
+  // out: where the lines go, asked per line (the report's output: -o FILE is
+  // opened after the tracer is made).
+  FaultTrace(std::function<std::ostream&()> out, bool json, Resolver& r, const heap::HeapModel& m)
+      : out_(std::move(out)), json_(json), r_(r), m_(m) {}
   void header();
   void line(const heap::Process& p, const mt_event& e, const heap::FaultHit& h);
 
  private:
   std::string function_at(pid_t pid, uint64_t addr, bool return_address);
-  std::ostream& os_;
+  std::function<std::ostream&()> out_;
   bool json_;
   Resolver& r_;
   const heap::HeapModel& m_;

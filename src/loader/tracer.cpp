@@ -142,7 +142,7 @@ Tracer::Tracer(Options o)
     heap::FaultObserver observer;
     if (o_.trace_faults) {
       // Like the report: the launched program owns stdout.
-      fault_trace_ = std::make_unique<FaultTrace>(o_.command.empty() ? std::cout : std::cerr, o_.format == "json",
+      fault_trace_ = std::make_unique<FaultTrace>([this]() -> std::ostream& { return out(); }, o_.format == "json",
                                                   resolver_, model_);
       observer = [this](const heap::Process& p, const mt_event& e, const heap::FaultHit& h) {
         // The launched child runs our own code until its exec: not the program's faults.
@@ -551,10 +551,11 @@ report::Drops Tracer::drops() {
   }
   uint64_t unknown = 0;
   for (const auto& [pid, p] : model_.processes()) unknown += p->s.unknown_frees;
-  // Frees of blocks never seen allocated: lost allocation events, or blocks
-  // from before the attach (-p), or glibc's own (a thread's tcache is
-  // allocated inside malloc and released through free at thread exit).
-  d.dropped["unknown_free"] = unknown;
+  // Frees of blocks never seen allocated: blocks from before the attach (-p),
+  // or glibc's own (a thread's tcache is allocated inside malloc and
+  // released through free at thread exit). Not a loss: a lost allocation
+  // event is counted where it is lost (ringbuf, inflight_map_full, ...).
+  d.stats["frees_of_unseen_blocks"] = unknown;
   d.stats["mappings_not_captured"] = resolver_.never_captured();  // processes, not events
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();

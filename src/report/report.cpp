@@ -247,7 +247,9 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
   if (s.brk_now > s.brk_start)
     os << "    brk heap: " << (s.brk_now - s.brk_start) << " bytes\n";
   if (s.inherited_blocks) os << "    inherited from parent at fork: " << s.inherited_blocks << " blocks\n";
-  if (s.unknown_frees) os << "    frees of unknown blocks: " << s.unknown_frees << "\n";
+  if (s.unknown_frees)
+    os << "    frees of blocks not seen allocated (from before tracing, or the allocator's own): " << s.unknown_frees
+       << "\n";
   os << "\n";
 }
 

@@ -93,10 +93,12 @@ TEST_F(Faults, LaunchChargesEveryPageOnceToItsAllocation) {
   ASSERT_EQ(x.pages, 1024u) << r.out;
   ASSERT_FALSE(x.file.empty()) << r.out;
 
-  // Trace lines (launch mode: on stderr, JSON lines with --format json).
+  // Trace lines: in the -o file before the report (JSON lines with --format
+  // json), nothing on stderr (issue 17: they went to stderr).
+  EXPECT_EQ(r.err.find("\"first_touch\""), std::string::npos) << r.err.substr(0, 2000);
   uint64_t buf_writes = 0, buf_reads = 0, file_faults = 0;
   std::set<uint64_t> pages;
-  for (const auto& l : json_lines(r.err)) {
+  for (const auto& l : json_lines(r.lines)) {
     uint64_t a = addr_of(l, "address");
     if (a >= x.first && a < x.end) {
       if (l["access"] == "W") buf_writes++;
@@ -254,7 +256,12 @@ TEST_F(Faults, RearmFaultsOncePerPagePerSweep) {
   EXPECT_EQ(wait_exit(m.pid), 0) << merr;
   reader.join();
   std::ifstream f(rep);
-  json j = json::parse(f, nullptr, false);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string file = ss.str();
+  size_t at = report_offset(file);
+  json j = json::parse(file.substr(at), nullptr, false);
+  mout = file.substr(0, at);  // the trace lines go where the report goes (-o FILE)
   unlink(rep.c_str());
 
   std::map<uint64_t, int> per_page;

@@ -83,7 +83,16 @@ struct ToolRun {
   int code = -1;
   std::string out, err;
   nlohmann::json report;
+  std::string lines;  // what the -o file holds before the report (--trace, --trace-faults)
 };
+
+// An -o file: trace lines (one per line), then the report (text or JSON
+// pretty-printed: its first line is "{"). Returns the report's offset.
+inline size_t report_offset(const std::string& file) {
+  if (file.rfind("{\n", 0) == 0) return 0;
+  size_t at = file.rfind("\n{\n");
+  return at == std::string::npos ? 0 : at + 1;
+}
 
 inline std::string tmpfile(const std::string& tag) {
   static int n = 0;
@@ -105,7 +114,10 @@ inline ToolRun run_tool(std::vector<std::string> args) {
   std::ifstream f(rep);
   std::stringstream ss;
   ss << f.rdbuf();
-  if (!ss.str().empty()) r.report = nlohmann::json::parse(ss.str(), nullptr, false);
+  std::string file = ss.str();
+  size_t at = report_offset(file);
+  r.lines = file.substr(0, at);
+  if (!file.empty()) r.report = nlohmann::json::parse(file.substr(at), nullptr, false);
   unlink(rep.c_str());
   close(c.out);
   close(c.err);
