@@ -176,10 +176,7 @@ void detach_in_background() {
     for (const Link& l : links) close_link(l);
     return;
   }
-  for (const Link& l : links) {  // the reaper holds them now
-    if (l.fd >= 0) close(l.fd);
-    if (l.perf_fd >= 0) close(l.perf_fd);
-  }
+  for (const Link& l : links) close_link(l);  // the reaper holds them now
 }
 
 void ProbeSet::reset() {
@@ -331,8 +328,6 @@ Result<int> uprobe_multi(bpf_program* prog, const std::string& path, pid_t pid,
   return fd;
 }
 
-// A perf-event uprobe (uprobe PMU) for one offset, with the cookie carried by
-// a BPF link (kernel >= 5.15).
 // The uprobe PMU's type and the bit of its config that makes a return probe
 // (/sys/bus/event_source/devices/uprobe: "8" and "config:0" here).
 struct UprobePmu {
@@ -413,28 +408,27 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
   };
   std::vector<Probe> entry;
   std::vector<uint64_t> roff, rcookie;
+  const bool cookies = mode_ != AttachMode::PerfEventPerRole;
   for (const ProbeSite& s : obj.sites) {
     if (!s.alias_of.empty()) continue;
     int32_t ret_at = s.placement.rsp_adjust;
     uint64_t off = s.file_offset + s.placement.offset;
     bpf_program* prog = enter_[0];
-    if (mode_ == AttachMode::PerfEventPerRole) {
-      // No cookie to carry ret_at: the role's program assumes the return
-      // address at [rsp], so a placement after a push goes back to +0.
-      if (ret_at != 0) off = s.file_offset, ret_at = 0;
+    if (!cookies) {
+      // No cookie to carry the role and ret_at: the role's own program
+      // assumes the return address at [rsp], so a placement after a push
+      // goes back to +0 (and the kernel gets no cookie: it could not carry one).
+      if (ret_at != 0) off = s.file_offset;
       prog = s.role < enter_.size() ? enter_[s.role] : nullptr;
       if (!prog) return Error::msg(std::string("no BPF program for ") + role_name(s.role));
-    }
-    uint64_t cookie = s.role | (static_cast<uint64_t>(static_cast<uint32_t>(ret_at)) << 8);
-    if (mode_ == AttachMode::PerfEventPerRole) {
-      // (libbpf refuses a cookie where the kernel cannot carry one)
       entry.push_back({off, 0, s.file_offset, 0, prog});
     } else {
+      uint64_t cookie = s.role | (static_cast<uint64_t>(static_cast<uint32_t>(ret_at)) << 8);
       entry.push_back({off, cookie, s.file_offset, s.role, prog});
     }
     if (s.retprobe) {
       roff.push_back(s.file_offset + probes::return_probe_offset(s.placement));
-      rcookie.push_back(mode_ == AttachMode::PerfEventPerRole ? 0 : s.role);
+      rcookie.push_back(cookies ? s.role : 0);
     }
   }
   ProbeSet set;
@@ -442,7 +436,6 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
     // One uprobe per offset; a refused chosen offset falls back to the
     // function's entry for that probe alone.
     for (const Probe& p : entry) {
-      bool cookies = mode_ == AttachMode::PerfEvent;
       auto e = perf_uprobe(p.prog, open_path, pid, p.off, p.cookie, false, cookies);
       if (!e && p.off != p.off0) {
         notes_.push_back("kernel refused the chosen probe offset +" + std::to_string(p.off) + " in " + obj.path +
@@ -453,7 +446,7 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
       set.add(*e);
     }
     for (size_t i = 0; i < roff.size(); i++) {
-      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true, mode_ == AttachMode::PerfEvent);
+      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true, cookies);
       if (!r) return r.error();
       set.add(*r);
     }

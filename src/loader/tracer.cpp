@@ -597,11 +597,11 @@ report::Drops Tracer::drops() {
   return d;
 }
 
-void Tracer::teardown() {
-  if (torn_down_) return;
-  torn_down_ = true;
-  // Detach every uprobe first (the targets run at full speed from here), then
-  // the tracepoints; resume anything we stopped; then the maps go.
+// Every uprobe first (the targets run at full speed from here; those that
+// still fire before the tool exits), then the tracepoints; resume anything
+// we stopped; then the perf events of exited processes go to the reaper,
+// which holds no tracepoint.
+void Tracer::detach_probes() {
   for (auto& [pid, p] : procs_) {
     if (p.exited) p.probes.reset();
     else p.probes.reset_before_exit();
@@ -612,6 +612,12 @@ void Tracer::teardown() {
   if (skel_) memtrace_bpf__detach(skel_);
   for (pid_t pid : std::set<pid_t>(stopped_)) resume(pid);
   detach_in_background();
+}
+
+void Tracer::teardown() {
+  if (torn_down_) return;
+  torn_down_ = true;
+  detach_probes();  // then the maps go
   if (rb_) {
     ring_buffer__free(rb_);
     rb_ = nullptr;
@@ -837,16 +843,7 @@ int Tracer::run() {
   }
   stop_rearm();  // protections restored before the probes go
   // Detach uprobes and tracepoints, then drain what is left.
-  for (auto& [pid, p] : procs_) {
-    if (p.exited) p.probes.reset();
-    else p.probes.reset_before_exit();
-  }
-  for (auto& [key, set] : system_probes_) set.reset_before_exit();
-  system_probes_.clear();
-  detach_wait();
-  if (skel_) memtrace_bpf__detach(skel_);
-  for (pid_t pid : std::set<pid_t>(stopped_)) resume(pid);
-  detach_in_background();  // after the tracepoints: the reaper holds none of them
+  detach_probes();
   while (ring_buffer__consume(rb_) > 0) {
   }
   report_final(exit_code);

@@ -88,6 +88,7 @@ class Tracer {
   void report_final(int exit_code);
   report::Drops drops();
   std::ostream& out();
+  void detach_probes();  // run()'s end and teardown()
   void teardown();
   void log(const std::string& s);
 
