@@ -163,6 +163,26 @@ struct {
 	__type(value, __u64);
 } stacks_sent_cache SEC(".maps");
 
+/* Every process this program stopped that the loader has not resumed yet
+ * (tgid -> 1), and one flag the loader's guardian sets when the loader is
+ * gone (src/loader/guardian.h): from then on no process is stopped, and the
+ * guardian resumes those in `stopped`. A process is stopped only once it is
+ * in this map, so that whatever happens to the loader (SIGKILL, OOM), none
+ * stays stopped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+} stopped SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} loader_gone SEC(".maps");
+
 #include "stack.bpf.h"
 
 static __always_inline void count(__u32 c)
@@ -501,12 +521,23 @@ int mt_enter_mmap(struct trace_event_raw_sys_enter *ctx)
 	return 0;
 }
 
-static __always_inline void stop_current(__u32 *flags)
+static __always_inline void stop_current(__u32 *flags, __u32 tgid)
 {
-	if (bpf_send_signal(SIGSTOP) == 0)
-		*flags |= MT_F_STOPPED;
-	else
+	__u32 zero = 0, one = 1;
+	__u32 *gone = bpf_map_lookup_elem(&loader_gone, &zero);
+
+	if (!gone || *gone)
+		return; /* nobody left to resume it */
+	if (bpf_map_update_elem(&stopped, &tgid, &one, BPF_ANY)) {
 		count(MT_C_SIGNAL_FAIL);
+		return;
+	}
+	if (bpf_send_signal(SIGSTOP) == 0) {
+		*flags |= MT_F_STOPPED;
+	} else {
+		bpf_map_delete_elem(&stopped, &tgid);
+		count(MT_C_SIGNAL_FAIL);
+	}
 }
 
 static __always_inline void proc_event(__u32 kind, __u32 flags, __u64 pid_tgid, __u32 ppid,
@@ -520,7 +551,7 @@ static __always_inline void proc_event(__u32 kind, __u32 flags, __u64 pid_tgid, 
 	}
 	if (flags & MT_F_STOPPED) {
 		flags &= ~MT_F_STOPPED;
-		stop_current(&flags);
+		stop_current(&flags, pid_tgid >> 32);
 	}
 	fill_hdr(&e->h, kind, flags, pid_tgid);
 	e->ppid = ppid;

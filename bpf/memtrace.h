@@ -152,7 +152,7 @@ enum mt_counter {
 	MT_C_STACK_TRUNCATED,   /* stack cut at MT_MAX_FRAMES */
 	MT_C_NESTED,            /* nested allocator entries skipped (informational) */
 	MT_C_STALE_INFLIGHT,    /* inflight record found stale (missed return) */
-	MT_C_SIGNAL_FAIL,       /* bpf_send_signal failed: process not stopped for attach */
+	MT_C_SIGNAL_FAIL,       /* process not stopped for attach: bpf_send_signal failed or the stopped map is full */
 	MT_C_SYSARGS_FULL,
 	MT_C_FAULTS_FILTERED,   /* informational: faults of the loader itself (system-wide --faults) */
 	MT_C_FAULT_RINGBUF_FULL,/* fault records that did not fit the ring buffer */

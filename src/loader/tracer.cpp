@@ -252,6 +252,10 @@ Result<void> Tracer::load() {
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit, attach_mode_);
   g_libbpf_log.clear();
   if (int err = memtrace_bpf__load(skel_); err) return Error::msg(load_failure(-err));
+  // Before any program is attached: from here on, a process can be stopped.
+  if (guardian_)
+    if (auto r = guardian_->arm(bpf_map__fd(skel_->maps.stopped), bpf_map__fd(skel_->maps.loader_gone)); !r)
+      return r;
   bpf_program__set_autoattach(skel_->progs.mt_alloc_enter, false);
   bpf_program__set_autoattach(skel_->progs.mt_alloc_exit, false);
   if (int err = memtrace_bpf__attach(skel_); err)
@@ -303,7 +307,15 @@ void Tracer::unwind_add(pid_t pid) {
 }
 
 void Tracer::resume(pid_t pid) {
-  if (stopped_.erase(pid)) kill(pid, SIGCONT);
+  if (!stopped_.count(pid)) return;
+  kill(pid, SIGCONT);
+  forget_stopped(pid);  // after the kill: a loader killed in between leaves one more SIGCONT to the guardian
+}
+
+void Tracer::forget_stopped(pid_t pid) {
+  stopped_.erase(pid);
+  uint32_t key = pid;
+  if (skel_) bpf_map_delete_elem(bpf_map__fd(skel_->maps.stopped), &key);
 }
 
 // Find pid's allocator and attach its probes. required: a failure is an
@@ -526,7 +538,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       }
       if (unwind_) unwind_->remove_process(pid);
       if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) model_.on_exit(pid, e.exit_code);
-      stopped_.erase(pid);
+      forget_stopped(pid);
       break;
     }
   }
@@ -752,6 +764,13 @@ int Tracer::run() {
   if (geteuid() != 0) {
     std::cerr << "memtrace-bpf: must run as root (BPF programs and uprobes need CAP_SYS_ADMIN/CAP_BPF)\n";
     return 2;
+  }
+  // Forked while this process is small and has one thread (guardian.h).
+  if (auto g = Guardian::start(); !g) {
+    std::cerr << "memtrace-bpf: " << g.error().message << "\n";
+    return 2;
+  } else {
+    guardian_.emplace(std::move(*g));
   }
   if (auto r = load(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";

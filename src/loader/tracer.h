@@ -19,6 +19,7 @@
 #include "loader/kernel_features.h"
 #include "loader/faults.h"
 #include "loader/features.h"
+#include "loader/guardian.h"
 #include "loader/launcher.h"
 #include "loader/resolver.h"
 #include "report/report.h"
@@ -111,6 +112,8 @@ class Tracer {
   std::map<pid_t, Proc> procs_;
   std::map<std::pair<uint64_t, uint64_t>, ProbeSet> system_probes_;  // system-wide mode
   std::set<pid_t> stopped_;  // processes BPF stopped that we must resume
+  std::optional<Guardian> guardian_;  // resumes them if this process dies first (run() only)
+  void forget_stopped(pid_t pid);     // and the BPF map's entry for it
   std::optional<Launcher> launcher_;
   std::optional<int> child_status_;
   std::unique_ptr<std::ostream> file_out_;

@@ -1,0 +1,38 @@
+// The guardian: a small process that outlives the loader and resumes every
+// process the BPF side stopped for it (exec, fork, new code mapped) if the
+// loader dies without doing so itself (SIGKILL, the OOM killer, a crash).
+//
+// The BPF side stops a process only after it put its tgid in the `stopped`
+// map (bpf/memtrace.bpf.c); the loader deletes the entry when it resumes the
+// process. The guardian holds the two maps and one end of a socket whose
+// other end only the loader holds. When that end closes (the kernel closes it
+// whatever way the loader ends) the guardian sets `loader_gone` (no new
+// stops from then on), sends SIGCONT to every tgid left in `stopped`, and
+// exits.
+#pragma once
+#include <sys/types.h>
+
+#include "common/fd.h"
+#include "common/result.h"
+
+namespace memtrace::loader {
+
+class Guardian {
+ public:
+  // Forks the guardian. Call it early: before threads and large mappings
+  // (the child is a copy of the loader at this point).
+  static Result<Guardian> start();
+  Guardian(Guardian&&) = default;
+  Guardian& operator=(Guardian&&) = default;
+
+  // Hands it the maps, once they exist and before anything can be stopped.
+  Result<void> arm(int stopped_map_fd, int loader_gone_map_fd);
+  pid_t pid() const { return pid_; }
+
+ private:
+  Guardian() = default;
+  pid_t pid_ = -1;
+  Fd sock_;  // closed by the kernel when the loader ends, however it ends
+};
+
+}  // namespace memtrace::loader
