@@ -300,7 +300,31 @@ static __always_inline __u64 mul_sat(__u64 a, __u64 b)
  * return address is relative to rsp at the chosen probe offset).
  * ---------------------------------------------------------------------- */
 
-static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_at)
+/* The probe that fired was attached for an earlier image of this process
+ * (see MT_COOKIE_IMAGE_SHIFT). The process's image is looked up once per
+ * thread and mm, then kept in the thread's record. */
+static __always_inline bool from_old_image(mt_task_t task, struct mt_inflight *cur, __u64 cookie)
+{
+#ifndef MT_COMPAT
+	__u64 mm = (__u64)task->mm;
+
+	if (system_wide)
+		return false;
+	if (cur->img_mm != mm) {
+		__u32 tgid = task->tgid;
+		struct mt_target *t = bpf_map_lookup_elem(&targets, &tgid);
+
+		cur->img_mm = mm;
+		/* vfork children run on their parent's probes */
+		cur->img = t && t->state != MT_TS_SHARED_MM ? t->image : MT_IMAGE_ANY;
+	}
+	return cur->img != MT_IMAGE_ANY && cur->img != (__u32)(cookie >> MT_COOKIE_IMAGE_SHIFT);
+#else
+	return false; /* no cookies: the loader closes the old image's probes */
+#endif
+}
+
+static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_at, __u64 cookie)
 {
 	mt_task_t task = current_task();
 	__u64 pid_tgid = task_pid_tgid(task);
@@ -316,6 +340,8 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	 * pointer-or-NULL live across it would make the verifier check the
 	 * unwinder once per case). */
 	cur = inflight_of(task, role == MT_ROLE_FREE ? 0 : 1);
+	if (cur && from_old_image(task, cur, cookie))
+		return 0;
 	if (cur && cur->depth > 0) {
 		if (sp <= cur->sp) {
 			/* A public entry point called from inside another
@@ -399,16 +425,16 @@ SEC("uprobe")
 int mt_alloc_enter(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	return alloc_enter(ctx, cookie & 0xff, (int)(cookie >> 8));
+	return alloc_enter(ctx, cookie & 0xff, (int)(cookie >> 8), cookie);
 }
 #else
 /* No BPF cookie before 5.15: one program per role (the loader attaches role
  * R's probes to mt_alloc_enter_R, mt_alloc_enter being malloc's), each probe
  * placed where the return address is still at [rsp] (ret_at 0). */
 SEC("uprobe")
-int mt_alloc_enter(struct pt_regs *ctx) { return alloc_enter(ctx, MT_ROLE_MALLOC, 0); }
+int mt_alloc_enter(struct pt_regs *ctx) { return alloc_enter(ctx, MT_ROLE_MALLOC, 0, 0); }
 #define MT_ROLE_PROG(R)                                                        \
-	SEC("uprobe") int mt_alloc_enter_##R(struct pt_regs *ctx) { return alloc_enter(ctx, R, 0); }
+	SEC("uprobe") int mt_alloc_enter_##R(struct pt_regs *ctx) { return alloc_enter(ctx, R, 0, 0); }
 MT_ROLE_PROG(1)
 MT_ROLE_PROG(2)
 MT_ROLE_PROG(3)
@@ -433,6 +459,10 @@ int mt_alloc_exit(struct pt_regs *ctx)
 
 	if (!cur || cur->depth == 0)
 		return 0;
+#ifndef MT_COMPAT
+	if (from_old_image(task, cur, bpf_get_attach_cookie(ctx)))
+		return 0;
+#endif
 	if (cur->depth > 1) {
 		cur->depth--;
 		return 0;
@@ -702,9 +732,20 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 
 	if (tgid == self_pid)
 		return 0;
+	/* A call of the old image in flight (its return was never seen) ends
+	 * with the image: not a missed return of the new one. */
+	struct mt_inflight *cur = inflight_get(0);
+	if (cur) {
+		cur->depth = 0;
+		cur->img_mm = 0; /* a later image may get this mm's address again */
+	}
+	/* Names this exec in both records (the events stream's and the
+	 * lifecycle one) so that the loader starts one image for the two. */
+	__u64 exec_id = bpf_ktime_get_ns();
 	if (system_wide) {
 		/* No stop system-wide: the loader only looks for new allocator objects. */
-		proc_event(MT_EV_EXEC, 0, pid_tgid, 0, 0, 0, 0);
+		emit(MT_EV_EXEC, 0, pid_tgid, exec_id, 0, 0, 0, 0, 0, 0);
+		proc_event(MT_EV_EXEC, 0, pid_tgid, 0, 0, exec_id, 0);
 		return 0;
 	}
 	t = bpf_map_lookup_elem(&targets, &tgid);
@@ -713,10 +754,12 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 		 * with its old mm. In comm mode the new image must match too. */
 		if (ncomms && !t->follow && !comm_matches()) {
 			bpf_map_delete_elem(&targets, &tgid);
+			emit(MT_EV_EXEC, MT_F_EXEC_UNTRACED, pid_tgid, exec_id, 0, 0, 0, 0, 0, 0);
 			proc_event(MT_EV_EXIT, 0, pid_tgid, 0, -1, 0, 0);
 			return 0;
 		}
 		t->state = MT_TS_PENDING;
+		t->image++;
 	} else if (ncomms && comm_matches()) {
 		struct mt_target nt = {.state = MT_TS_PENDING, .follow = 0};
 		if (bpf_map_update_elem(&targets, &tgid, &nt, BPF_ANY))
@@ -724,7 +767,10 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 	} else {
 		return 0;
 	}
-	proc_event(MT_EV_EXEC, MT_F_STOPPED, pid_tgid, 0, 0, 0, 0);
+	/* In the events stream too: every event of the old image is before
+	 * this record, every event of the new one after it (one task). */
+	emit(MT_EV_EXEC, 0, pid_tgid, exec_id, 0, 0, 0, 0, 0, 0);
+	proc_event(MT_EV_EXEC, MT_F_STOPPED, pid_tgid, 0, 0, exec_id, 0);
 	return 0;
 }
 
@@ -735,11 +781,20 @@ int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 ctgid = BPF_CORE_READ(child, tgid);
 	struct mt_target *t;
 
-	if (ptgid == ctgid || system_wide) /* a thread; or nothing to follow */
+	if (ptgid == ctgid) /* a thread */
 		return 0;
+	/* The fork in the parent's events stream, in the parent's context:
+	 * after every event of the parent from before the fork, before any
+	 * from after it and before any of the child (it is not running yet).
+	 * The child starts with exactly the parent's live blocks here. */
+	if (system_wide) {
+		emit(MT_EV_FORK, 0, bpf_get_current_pid_tgid(), ctgid, 0, 0, 0, 0, 0, 0);
+		return 0;
+	}
 	t = bpf_map_lookup_elem(&targets, &ptgid);
 	if (!t)
 		return 0;
+	emit(MT_EV_FORK, 0, bpf_get_current_pid_tgid(), ctgid, 0, 0, 0, 0, 0, 0);
 	/* -c: children keep the parent's comm, so they are followed as well. */
 	struct mt_target nt = {.follow = t->follow};
 	if (BPF_CORE_READ(child, mm) == BPF_CORE_READ(parent, mm))

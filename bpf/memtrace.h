@@ -65,6 +65,7 @@ enum mt_kind {
 #define MT_F_FAULT_ACCESS_ERR (1u << 8)
 #define MT_F_FAULT_NO_VMA (1u << 9)       /* no VMA at the address (SIGSEGV or stack growth) */
 #define MT_F_FAULT_VMA_UNKNOWN (1u << 10) /* VMA lookup not possible (mmap lock busy) */
+#define MT_F_EXEC_UNTRACED (1u << 11)     /* MT_EV_EXEC in the events ring: the new image is not traced (-c) */
 
 struct mt_hdr {
 	__u32 kind; /* enum mt_kind */
@@ -74,7 +75,11 @@ struct mt_hdr {
 	__u64 ts;   /* bpf_ktime_get_ns */
 };
 
-/* MT_EV_ALLOC / FREE / ALLOC_FAIL / REALLOC_FAIL / MMAP / MUNMAP / MREMAP / BRK / FAULT */
+/* MT_EV_ALLOC / FREE / ALLOC_FAIL / REALLOC_FAIL / MMAP / MUNMAP / MREMAP / BRK / FAULT;
+ * and in the events ring, MT_EV_EXEC (the pid's new image starts here) and
+ * MT_EV_FORK (h.pid forked child addr, here in the parent's stream): the
+ * order of these among a process's events is exact, which the lifecycle
+ * records of the proc_events ring cannot give. */
 struct mt_event {
 	struct mt_hdr h;
 	__u64 addr;     /* block / mapping / new brk / fault address */
@@ -101,7 +106,7 @@ struct mt_proc_event {
 	struct mt_hdr h;
 	__u32 ppid;
 	__s32 exit_code; /* EXIT: wait status style (code<<8 | sig) */
-	__u64 addr;      /* LIBMAP: start of the new mapping */
+	__u64 addr;      /* LIBMAP: start of the new mapping; EXEC: the exec's id (its time, as in the events ring's MT_EV_EXEC) */
 	__u64 len;
 	char comm[MT_COMM_LEN];
 };
@@ -120,7 +125,17 @@ enum mt_target_state {
 struct mt_target {
 	__u32 state;
 	__u32 follow; /* MT_FOLLOW_* bits */
+	__u32 image;  /* execs of this process under tracing: its probes' cookies carry it */
+	__u32 pad;
 };
+
+/* Allocator probe cookies: role | ret_at << 8 | image << MT_COOKIE_IMAGE_SHIFT.
+ * A per-process uprobe follows the task, not its mm: after an exec the old
+ * image's probes (closed by the loader in the background: ~100 ms each)
+ * would fire in the new image beside its own. The BPF side ignores a probe
+ * whose image is not the process's current one. */
+#define MT_COOKIE_IMAGE_SHIFT 40
+#define MT_IMAGE_ANY 0xffffffffu
 
 /* Per-thread state of an allocator call in flight (nested public calls from
  * inside glibc are counted once: only the outermost call emits). */
@@ -132,7 +147,8 @@ struct mt_inflight {
 	__u32 role;
 	__u32 depth;
 	__u32 flags;
-	__u32 pad;
+	__u32 img;      /* the thread's process's current image (or MT_IMAGE_ANY) ... */
+	__u64 img_mm;   /* ... while its mm is this one (0: look it up again) */
 };
 
 /* Per-syscall state between sys_enter and sys_exit (mmap, mremap, brk). */

@@ -1,5 +1,6 @@
 #include "heap/heap_model.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace memtrace::heap {
@@ -113,6 +114,13 @@ void HeapModel::apply(const void* data, size_t len) {
     case MT_EV_FAULT:
       fault(p, e);
       break;
+    case MT_EV_EXEC:
+      if (e.h.flags & MT_F_EXEC_UNTRACED) end_image(e.h.pid);
+      else on_exec(e.h.pid, e.addr);  // addr: the exec's time, also in its lifecycle record
+      break;
+    case MT_EV_FORK:
+      on_fork(e.h.pid, static_cast<pid_t>(e.addr));
+      break;
     default:
       malformed_++;
   }
@@ -206,10 +214,45 @@ void HeapModel::munmap(Process& p, uint64_t addr, uint64_t len) {
   }
 }
 
+bool active(const Process& p) {
+  return p.s.allocs || p.s.frees || p.s.in_use_blocks || p.s.failed_allocs || p.s.mmap_calls ||
+         p.s.unknown_frees || p.f.total;
+}
+
+// Did the image do anything itself (not only inherit its parent's blocks)?
+// A fork's child that exec's at once (every shell command) is not an image
+// of its own in the reports.
+static bool own_activity(const Process& p) {
+  return p.s.allocs || p.s.frees || p.s.failed_allocs || p.s.mmap_calls || p.s.unknown_frees || p.f.total;
+}
+
+Process& HeapModel::fresh(pid_t pid) {
+  auto& slot = procs_[pid];
+  if (slot && own_activity(*slot)) ended_.push_back(std::move(slot));
+  slot = std::make_unique<Process>();
+  slot->pid = pid;
+  slot->live.reserve(1024);
+  last_ = slot.get();
+  return *slot;
+}
+
+std::vector<const Process*> HeapModel::images() const {
+  std::vector<const Process*> v;
+  v.reserve(procs_.size() + ended_.size());
+  for (const auto& p : ended_) v.push_back(p.get());
+  for (const auto& [pid, p] : procs_) v.push_back(p.get());
+  // ended_ is in the order images ended: by pid, then that order, then the current one.
+  std::stable_sort(v.begin(), v.end(), [](const Process* a, const Process* b) { return a->pid < b->pid; });
+  return v;
+}
+
 void HeapModel::on_fork(pid_t parent, pid_t child) {
+  if (Process* c = find(child); c && c->from_fork && c->ppid == parent && !c->exited) return;  // seen already
   Process* pp = find(parent);
-  Process& c = process(child);
+  // A pid seen before belongs to a process that is gone (the pid was reused).
+  Process& c = find(child) ? fresh(child) : process(child);
   c.ppid = parent;
+  c.from_fork = true;
   if (!pp) return;
   c.comm = pp->comm;
   c.live = pp->live;
@@ -230,22 +273,28 @@ void HeapModel::on_exit(pid_t pid, int code) {
 }
 
 void HeapModel::on_exec(pid_t pid, uint64_t ts) {
-  Process& p = process(pid);
-  // Page faults belong to the image that took them: start again.
+  Process* old = find(pid);
+  if (old && ts && old->exec_ts == ts) return;  // this exec started the current image already
+  pid_t ppid = old ? old->ppid : 0;
+  uint32_t n = old ? old->exec_count + 1 : 1;
+  uint32_t image = old && own_activity(*old) ? old->image + 1 : old ? old->image : 0;
+  std::string comm = old ? old->comm : "";
+  if (old) old->ended_by_exec = true;
+  Process& p = fresh(pid);
+  p.ppid = ppid;
+  p.comm = comm;  // until the caller names the new image
   p.exec_ts = ts;
-  p.exec_count++;
-  p.f = FaultCounts{};
-  p.fault_stacks.clear();
-  p.fault_regions.clear();
-  p.alloc_sites.clear();
-  p.live.clear();
-  p.live_index.clear();
-  p.touched.clear();
-  p.realloc_parked.clear();
-  p.maps.clear();
-  p.s.in_use_bytes = p.s.in_use_blocks = 0;
-  p.s.mapped_now_allocator = p.s.mapped_now_direct = 0;
-  p.s.inherited_blocks = 0;
+  p.exec_count = n;
+  p.image = image;
+}
+
+void HeapModel::end_image(pid_t pid) {
+  auto it = procs_.find(pid);
+  if (it == procs_.end()) return;
+  it->second->ended_by_exec = true;
+  if (own_activity(*it->second)) ended_.push_back(std::move(it->second));
+  procs_.erase(it);
+  last_ = nullptr;
 }
 
 void HeapModel::clear(pid_t pid) {

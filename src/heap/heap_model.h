@@ -113,9 +113,15 @@ struct Process {
   std::unordered_map<uint64_t, SiteAllocs> alloc_sites;   // bytes allocated (or mmap'd) by stack
   std::set<uint64_t> touched;                             // pages that faulted
   std::map<uint64_t, uint64_t> live_index;                // live block start -> end
-  uint64_t exec_ts = 0;     // last exec seen: faults from before it belong to the old image
+  uint64_t exec_ts = 0;     // the exec that started this image (0: running when first seen)
   uint32_t exec_count = 0;  // execs seen (a /proc/PID/maps snapshot from before is stale)
+  uint32_t image = 0;       // index among pid's reported images (an idle image before an exec is not one)
+  bool ended_by_exec = false;  // an earlier image of pid: it exec'd (its blocks died with it)
+  bool from_fork = false;      // started by a fork the model saw: inherited the parent's blocks
 };
+
+// Whether a process (image) did anything the reports show.
+bool active(const Process& p);
 
 struct Stack {
   std::vector<uint64_t> ips;
@@ -130,12 +136,24 @@ class HeapModel {
 
   Process& process(pid_t pid);
   Process* find(pid_t pid);
+  // The current image of each pid.
   const std::map<pid_t, std::unique_ptr<Process>>& processes() const { return procs_; }
+  // Every image, by pid, then in exec order: the ones that exec'd (each with
+  // its own counters, leaks and brk) and the current one. For reports.
+  std::vector<const Process*> images() const;
   const Stack* stack(uint64_t id) const;
 
-  void on_fork(pid_t parent, pid_t child);  // child inherits the parent's live blocks
+  // child inherits the parent's live blocks. From the MT_EV_FORK record in
+  // the parent's events stream (apply: exact), or, if that was lost, from the
+  // child's lifecycle record: a second call for the same fork does nothing.
+  void on_fork(pid_t parent, pid_t child);
   void on_exit(pid_t pid, int code);
-  void on_exec(pid_t pid, uint64_t ts = 0);  // the old image's heap is gone with it (ts: of the exec)
+  // pid exec'd (ts: of the exec, the same in both records): a new image starts, the old one is kept
+  // for the report. A second call for the same exec (the MT_EV_EXEC record
+  // of the events stream, then the lifecycle record) does nothing.
+  void on_exec(pid_t pid, uint64_t ts);
+  // The image of pid ended by exec into a program that is not traced.
+  void end_image(pid_t pid);
   void clear(pid_t pid);  // console 'clear': forget counters and blocks
 
   // Page-fault attribution (--faults): keeps live blocks in address order too.
@@ -160,7 +178,9 @@ class HeapModel {
   void index_del(Process& p, uint64_t addr);
   void forget_pages(Process& p, uint64_t addr, uint64_t len);
 
+  Process& fresh(pid_t pid);  // a new current image for pid; the old one is kept if it did anything
   std::map<pid_t, std::unique_ptr<Process>> procs_;
+  std::vector<std::unique_ptr<Process>> ended_;  // images that exec'd, or a reused pid's exited process
   std::unordered_map<uint64_t, Stack> stacks_;
   Process* last_ = nullptr;
   uint64_t malformed_ = 0, missing_stacks_ = 0, events_ = 0;

@@ -370,8 +370,16 @@ Result<Link> perf_uprobe(bpf_program* prog, const std::string& path, pid_t pid, 
   attr.config = ret ? 1ULL << pmu.ret_bit : 0;
   attr.config1 = reinterpret_cast<uint64_t>(path.c_str());
   attr.config2 = offset;
+  // A per-process uprobe follows the task, not its mm: gone at the task's
+  // next exec (5.13), not left firing in the new image until it is closed
+  // (the full BPF programs also ignore it there, by its cookie).
+  attr.remove_on_exec = pid > 0;
   int pfd = static_cast<int>(syscall(__NR_perf_event_open, &attr, pid > 0 ? pid : -1, pid > 0 ? -1 : 0, -1,
                                      PERF_FLAG_FD_CLOEXEC));
+  if (pfd < 0 && errno == EINVAL && attr.remove_on_exec) {  // before 5.13
+    attr.remove_on_exec = 0;
+    pfd = static_cast<int>(syscall(__NR_perf_event_open, &attr, pid, -1, -1, PERF_FLAG_FD_CLOEXEC));
+  }
   if (pfd < 0) return fail("perf_event_open", errno);
   Link l{-1, pfd};
   if (with_cookie) {
@@ -398,9 +406,11 @@ void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode) {
   bpf_program__set_expected_attach_type(exit, static_cast<bpf_attach_type>(kTraceUprobeMulti));
 }
 
-Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path) {
+Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path,
+                                  uint32_t image) {
+  const uint64_t img = static_cast<uint64_t>(image) << MT_COOKIE_IMAGE_SHIFT;
   AttachScope scope;  // pending perf-event closes wait
-  // Entry probes: offset, cookie (role | ret_at << 8), program; the same at
+  // Entry probes: offset, cookie (role | ret_at << 8 | image), program; the same at
   // the function's entry for a kernel that refuses the chosen offset.
   struct Probe {
     uint64_t off, cookie, off0, cookie0;
@@ -423,12 +433,12 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
       if (!prog) return Error::msg(std::string("no BPF program for ") + role_name(s.role));
       entry.push_back({off, 0, s.file_offset, 0, prog});
     } else {
-      uint64_t cookie = s.role | (static_cast<uint64_t>(static_cast<uint32_t>(ret_at)) << 8);
-      entry.push_back({off, cookie, s.file_offset, s.role, prog});
+      uint64_t cookie = s.role | (static_cast<uint64_t>(static_cast<uint32_t>(ret_at)) << 8) | img;
+      entry.push_back({off, cookie, s.file_offset, s.role | img, prog});
     }
     if (s.retprobe) {
       roff.push_back(s.file_offset + probes::return_probe_offset(s.placement));
-      rcookie.push_back(cookies ? s.role : 0);
+      rcookie.push_back(cookies ? s.role | img : 0);
     }
   }
   ProbeSet set;

@@ -119,7 +119,9 @@ class Attacher {
   Result<const AllocatorObject*> object_at(pid_t pid, const MapEntry& m);
 
   // Attach every probe of obj for pid (-1: every process that maps it).
-  Result<ProbeSet> attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path);
+  // image: the process's image (mt_target.image), carried in every cookie
+  // (MT_COOKIE_IMAGE_SHIFT); 0 for system-wide probes.
+  Result<ProbeSet> attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path, uint32_t image = 0);
 
   // --explain-probes text for an object.
   static std::string explain(const AllocatorObject& obj);

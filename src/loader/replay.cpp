@@ -142,8 +142,8 @@ int replay(const ReplayOptions& o) {
         pid_t pid = e.h.pid;
         std::string comm(e.comm, strnlen(e.comm, sizeof e.comm));
         // As the tracer applied them (Tracer::on_proc_event).
-        if (e.h.kind == MT_EV_EXEC && !system_wide) {
-          model.on_exec(pid);
+        if (e.h.kind == MT_EV_EXEC) {
+          model.on_exec(pid, e.addr ? e.addr : e.h.ts);  // nothing if the events stream's MT_EV_EXEC started it
           model.process(pid).comm = comm;
         } else if (e.h.kind == MT_EV_FORK) {
           model.on_fork(e.ppid, pid);

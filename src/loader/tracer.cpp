@@ -288,8 +288,11 @@ Result<void> Tracer::load() {
 
 void Tracer::set_target_state(pid_t pid, uint32_t state, uint32_t follow) {
   if (std::find(o_.pids.begin(), o_.pids.end(), pid) != o_.pids.end()) follow |= MT_FOLLOW_NO_STOP;
-  mt_target t{state, follow};
   uint32_t key = pid;
+  mt_target t{};
+  bpf_map_lookup_elem(bpf_map__fd(skel_->maps.targets), &key, &t);  // keeps its image
+  t.state = state;
+  t.follow = follow;
   bpf_map_update_elem(bpf_map__fd(skel_->maps.targets), &key, &t, BPF_ANY);
 }
 
@@ -304,6 +307,14 @@ void Tracer::unwind_add(pid_t pid) {
     }
     if (unwind_errors_++ < 5) errors_.push_back(r.error().message);
   }
+}
+
+// The image pid is in (the BPF side counts its execs): its probes carry it.
+uint32_t Tracer::image_of(pid_t pid) {
+  uint32_t key = pid;
+  mt_target t{};
+  if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.targets), &key, &t) != 0) return 0;
+  return t.image;
 }
 
 void Tracer::resume(pid_t pid) {
@@ -340,7 +351,7 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
   }
   if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
   auto t0 = std::chrono::steady_clock::now();
-  auto set = attacher_->attach(**obj, pid, openable_path(pid, where));
+  auto set = attacher_->attach(**obj, pid, openable_path(pid, where), image_of(pid));
   if (!set) return set.error();
   uint64_t us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   attach_us_ += us;
@@ -373,7 +384,7 @@ void Tracer::attach_more_allocators(pid_t pid) {
     auto obj = attacher_->object_at(pid, m);
     if (!obj || !*obj || (*obj)->family == "glibc") continue;
     if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
-    auto set = attacher_->attach(**obj, pid, openable_path(pid, m));
+    auto set = attacher_->attach(**obj, pid, openable_path(pid, m), image_of(pid));
     if (!set) {
       errors_.push_back(set.error().message);
       attach_failures_++;
@@ -478,17 +489,21 @@ int Tracer::on_proc_event(void* data, size_t len) {
 
   switch (e.h.kind) {
     case MT_EV_EXEC:
+      // The old image's last events, then the events stream's own MT_EV_EXEC
+      // (exact order); on_exec here only if that record was lost.
+      ring_buffer__consume(rb_events_);
+      model_.on_exec(pid, e.addr ? e.addr : e.h.ts);
       if (system_wide_) {
-        model_.on_exec(pid, e.h.ts);  // the old image's heap went with it
         model_.process(pid).comm = comm;
         resolver_.capture(pid);
         scan_system_allocators(pid);
         break;
       }
       log("exec pid " + std::to_string(pid) + " (" + comm + ")");
-      model_.on_exec(pid, e.h.ts);
       model_.process(pid).comm = comm;
-      procs_[pid].probes.reset();  // the old image's probes went with its mm
+      // Closed in the background: until then they still fire in the new
+      // image, where the BPF side ignores them (they carry the old image).
+      procs_[pid].probes.reset();
       procs_[pid].objects.clear();
       procs_[pid].attached = false;
       unwind_add(pid);  // the new image (and ld.so) even before an allocator is mapped

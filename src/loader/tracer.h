@@ -85,6 +85,7 @@ class Tracer {
   void attach_more_allocators(pid_t pid);
   void set_target_state(pid_t pid, uint32_t state, uint32_t follow);
   void resume(pid_t pid);
+  uint32_t image_of(pid_t pid);
   void scan_system_allocators(pid_t only = -1);
   void report_final(int exit_code);
   report::Drops drops();

@@ -9,11 +9,6 @@
 namespace memtrace::report {
 namespace {
 
-bool active(const heap::Process& p) {
-  return p.s.allocs || p.s.frees || p.s.in_use_blocks || p.s.failed_allocs || p.s.mmap_calls ||
-         p.s.unknown_frees || p.f.total;
-}
-
 std::string hex(uint64_t v) {
   char b[32];
   snprintf(b, sizeof b, "0x%" PRIx64, v);
@@ -233,9 +228,11 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
   time_t now = time(nullptr);
   strftime(when, sizeof when, "%a %b %d %H:%M:%S %Y", localtime(&now));
   os << "HEAP SUMMARY " << when << " for pid " << p.pid << " (" << p.comm << ")";
-  if (p.exited && p.exit_code) os << ", exit status " << (*p.exit_code >> 8);
+  if (p.image || p.ended_by_exec) os << ", image " << p.image;
+  if (p.ended_by_exec) os << ", until it exec'd";
+  else if (p.exited && p.exit_code) os << ", exit status " << (*p.exit_code >> 8);
   os << "\n\n";
-  os << "    in use" << (at_exit ? " at exit" : "") << ": " << s.in_use_bytes << " bytes in "
+  os << "    in use" << (p.ended_by_exec ? " at exec" : at_exit ? " at exit" : "") << ": " << s.in_use_bytes << " bytes in "
      << s.in_use_blocks << " blocks\n";
   os << "    total heap usage: " << s.allocs << " allocs, " << s.frees << " frees, "
      << s.bytes_allocated << " bytes allocated\n";
@@ -255,8 +252,9 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
 
 void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                 const Drops& d) {
-  for (const auto& [pid, pp] : m.processes()) {
+  for (const heap::Process* pp : m.images()) {
     const heap::Process& p = *pp;
+    pid_t pid = p.pid;
     if (!o.include_idle && !active(p)) continue;
     write_summary_text(os, p, o.at_exit);
     if (!o.leaks) {
@@ -296,15 +294,20 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
                        const Drops& d) {
   using nlohmann::json;
   json procs = json::array();
-  for (const auto& [pid, pp] : m.processes()) {
+  for (const heap::Process* pp : m.images()) {
     const heap::Process& p = *pp;
+    pid_t pid = p.pid;
     if (!o.include_idle && !active(p)) continue;
     const auto& s = p.s;
     json jp;
     jp["pid"] = p.pid;
     jp["ppid"] = p.ppid;
     jp["comm"] = p.comm;
-    if (p.exited && p.exit_code) {
+    // One entry per image: exec_index counts pid's images reported before it;
+    // an image that exec'd ended "exec" (its blocks are in use at the exec).
+    jp["exec_index"] = p.image;
+    jp["ended"] = p.ended_by_exec ? "exec" : p.exited ? "exit" : "running";
+    if (p.exited && p.exit_code && !p.ended_by_exec) {
       int st = *p.exit_code;
       jp["exit_code"] = (st & 0x7f) ? 128 + (st & 0x7f) : (st >> 8) & 0xff;
     } else {

@@ -124,11 +124,13 @@ inline ToolRun run_tool(std::vector<std::string> args) {
   return r;
 }
 
+// pid's current image (its last entry: one per exec'd image, in exec order).
 inline const nlohmann::json* find_proc(const nlohmann::json& rep, pid_t pid) {
   if (!rep.is_object() || !rep.contains("processes")) return nullptr;
+  const nlohmann::json* last = nullptr;
   for (const auto& p : rep["processes"])
-    if (p["pid"] == pid) return &p;
-  return nullptr;
+    if (p["pid"] == pid) last = &p;
+  return last;
 }
 
 inline const nlohmann::json* find_comm(const nlohmann::json& rep, const std::string& comm) {

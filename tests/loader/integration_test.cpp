@@ -255,6 +255,39 @@ TEST_F(Tracing, EightThreadsOfHundredThousandAllocationsNothingDropped) {
   expect_no_losses(rn.report);
 }
 
+// A wrapper that exec's the program (pyenv shims, virtualenv launchers,
+// /usr/bin/env): each image of the pid is its own entry; the program's has
+// exactly what a direct launch of it has, none of the shell's.
+TEST_F(Tracing, ExecStartsANewImageWithItsOwnSummary) {
+  const long R = 50;
+  ToolRun direct = run_tool({"--", target("alloc_rounds"), "--rounds", std::to_string(R)});
+  std::string cmd = "x=$(echo hi); exec " + target("alloc_rounds") + " --rounds " + std::to_string(R);
+  ToolRun wrapped = run_tool({"--", "/bin/sh", "-c", cmd});
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  ASSERT_EQ(wrapped.code, 0) << wrapped.err;
+  const json* d = find_comm(direct.report, "alloc_rounds");
+  ASSERT_TRUE(d) << direct.report.dump();
+  const json* shell = nullptr;
+  const json* prog = nullptr;
+  for (const auto& p : wrapped.report["processes"]) {
+    if (p["comm"] == "sh" && p["ended"] == "exec") shell = &p;  // not the $(...) subshell
+    if (p["comm"] == "alloc_rounds") prog = &p;
+  }
+  ASSERT_TRUE(shell && prog) << wrapped.report.dump();
+  EXPECT_EQ((*shell)["pid"], (*prog)["pid"]);
+  EXPECT_EQ((*shell)["exec_index"], 0);
+  EXPECT_EQ((*shell)["ended"], "exec");
+  EXPECT_EQ((*prog)["exec_index"], 1);
+  EXPECT_EQ((*prog)["ended"], "exit");
+  EXPECT_EQ((*prog)["exit_code"], 0);
+  EXPECT_GT(u(*shell, "allocs"), 0);
+  for (const char* k : {"allocs", "frees", "bytes_allocated", "in_use_blocks", "in_use_bytes", "failed_allocs",
+                        "mmap_bytes_direct", "brk_calls", "inherited_blocks"})
+    EXPECT_EQ(u(*prog, k), u(*d, k)) << k;
+  EXPECT_EQ(u(*prog, "brk_heap_bytes"), u(*d, "brk_heap_bytes"));
+  expect_no_losses(wrapped.report);
+}
+
 TEST_F(Tracing, ForkedChildIsFollowed) {
   const long R = 30;
   ToolRun r = run_tool({"--", target("alloc_rounds"), "--fork", "--rounds", std::to_string(R)});
@@ -275,6 +308,30 @@ TEST_F(Tracing, ForkedChildIsFollowed) {
   EXPECT_EQ(u(*child, "bytes_allocated"), R * per.bytes);
   EXPECT_GT(u(*child, "inherited_blocks"), 0);
   expect_no_losses(r.report);
+}
+
+// The child starts with the parent's live blocks at the fork, exactly: not
+// the blocks the parent allocates after it, however fast the parent goes on.
+TEST_F(Tracing, ForkedChildInheritsExactlyTheBlocksLiveAtTheFork) {
+  const long R = 400;
+  for (int run = 0; run < 3; run++) {
+    ToolRun r = run_tool({"--", target("alloc_rounds"), "--fork", "--rounds", std::to_string(R)});
+    ASSERT_EQ(r.code, 0) << r.err;
+    PerRound per = parse_per_round(r.out);
+    const json* child = nullptr;
+    const json* parent = nullptr;
+    for (const auto& p : r.report["processes"]) {
+      if (p["comm"] != "alloc_rounds") continue;
+      (p["exit_code"] == 7 ? child : parent) = &p;
+    }
+    ASSERT_TRUE(child && parent) << r.report.dump();
+    // After the fork, each leaks R rounds' blocks and frees none from before.
+    long parent_at_fork = u(*parent, "in_use_blocks") - R * per.leaked_blocks;
+    EXPECT_EQ(u(*child, "inherited_blocks"), parent_at_fork);
+    EXPECT_EQ(u(*child, "in_use_blocks"), parent_at_fork + R * per.leaked_blocks);
+    EXPECT_EQ(u(*child, "in_use_bytes"), u(*parent, "in_use_bytes"));
+    expect_no_losses(r.report);
+  }
 }
 
 TEST_F(Tracing, TargetKilledMidTraceIsReported) {
