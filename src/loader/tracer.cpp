@@ -14,6 +14,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "loader/output_file.h"
 #include "memtrace_bpf.skel.h"
 #include "memtrace_bpf_compat.skel.h"
 
@@ -769,12 +770,13 @@ int Tracer::run() {
   sigaction(SIGCHLD, &sc, nullptr);
 
   if (!o_.output.empty()) {
-    auto f = std::make_unique<std::ofstream>(o_.output);
-    if (!*f) {
-      std::cerr << "memtrace-bpf: cannot write " << o_.output << ": " << strerror(errno) << "\n";
+    // --dump-bytes puts the program's memory in the report.
+    auto f = open_output(o_.output, o_.features.dump_bytes ? Privacy::Private : Privacy::Shared);
+    if (!f) {
+      std::cerr << "memtrace-bpf: " << f.error().message << "\n";
       return 2;
     }
-    file_out_ = std::move(f);
+    file_out_ = std::move(*f);
   }
   if (geteuid() != 0) {
     std::cerr << "memtrace-bpf: must run as root (BPF programs and uprobes need CAP_SYS_ADMIN/CAP_BPF)\n";

@@ -379,6 +379,31 @@ TEST_F(Tracing, BadInputGivesOneLineAndNonZeroExit) {
   }
   kill(na.pid, SIGKILL);
   wait_exit(na.pid);
+  // An output path that is a symbolic link: refused, the link's target untouched.
+  std::string target_file = tmpfile("victim"), link = tmpfile("link");
+  { std::ofstream(target_file) << "keep\n"; }
+  ASSERT_EQ(symlink(target_file.c_str(), link.c_str()), 0);
+  Child sl = spawn({tool(), "-o", link, "--", "/bin/true"});
+  close(sl.in);
+  std::string se = read_all(sl.err);
+  EXPECT_EQ(wait_exit(sl.pid), 2);
+  EXPECT_NE(se.find("cannot write " + link + ": it is a symbolic link"), std::string::npos) << se;
+  EXPECT_EQ(std::count(se.begin(), se.end(), '\n'), 1) << se;
+  std::ifstream tf(target_file);
+  std::string kept((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "keep\n");
+  unlink(link.c_str());
+  unlink(target_file.c_str());
+  // A report with memory contents (--dump-bytes) is readable by its owner only.
+  std::string priv = tmpfile("priv");
+  Child dp = spawn({tool(), "--dump-bytes", "16", "-o", priv, "--", "/bin/true"});
+  close(dp.in);
+  read_all(dp.err);
+  EXPECT_EQ(wait_exit(dp.pid), 0);
+  struct stat st {};
+  ASSERT_EQ(stat(priv.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  unlink(priv.c_str());
   // Not root.
   Child nr = spawn({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", tool(),
                     "--", "/bin/true"});
