@@ -223,7 +223,7 @@ bool active(const Process& p) {
 // A fork's child that exec's at once (every shell command) is not an image
 // of its own in the reports.
 static bool own_activity(const Process& p) {
-  return p.s.allocs || p.s.frees || p.s.failed_allocs || p.s.mmap_calls || p.s.unknown_frees || p.f.total;
+  return !p.prelude && (p.s.allocs || p.s.frees || p.s.failed_allocs || p.s.mmap_calls || p.s.unknown_frees || p.f.total);
 }
 
 Process& HeapModel::fresh(pid_t pid) {

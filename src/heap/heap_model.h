@@ -118,6 +118,7 @@ struct Process {
   uint32_t image = 0;       // index among pid's reported images (an idle image before an exec is not one)
   bool ended_by_exec = false;  // an earlier image of pid: it exec'd (its blocks died with it)
   bool from_fork = false;      // started by a fork the model saw: inherited the parent's blocks
+  bool prelude = false;        // the tool's own code before the program (launch): never an image
 };
 
 // Whether a process (image) did anything the reports show.

@@ -456,6 +456,7 @@ Result<void> Tracer::setup_targets() {
     pid_t pid = launcher_->pid();
     procs_[pid].pid = pid;
     model_.process(pid).comm = o_.command[0].substr(o_.command[0].rfind('/') + 1).substr(0, 15);
+    model_.process(pid).prelude = true;  // our code until its exec (its page faults, say)
     set_target_state(pid, MT_TS_PENDING, 1);
     if (auto r = launcher_->release(); !r) {
       int st = 127 << 8;

@@ -264,6 +264,9 @@ TEST_F(Tracing, ExecStartsANewImageWithItsOwnSummary) {
   std::string cmd = "x=$(echo hi); exec " + target("alloc_rounds") + " --rounds " + std::to_string(R);
   ToolRun wrapped = run_tool({"--", "/bin/sh", "-c", cmd});
   ASSERT_EQ(direct.code, 0) << direct.err;
+  // Where /bin/sh has a known allocator (dash, bash with glibc), its image is there.
+  char sh[4096] = {};
+  bool dynamic_sh = realpath("/bin/sh", sh) && !strstr(sh, "busybox");
   ASSERT_EQ(wrapped.code, 0) << wrapped.err;
   const json* d = find_comm(direct.report, "alloc_rounds");
   ASSERT_TRUE(d) << direct.report.dump();
@@ -273,14 +276,19 @@ TEST_F(Tracing, ExecStartsANewImageWithItsOwnSummary) {
     if (p["comm"] == "sh" && p["ended"] == "exec") shell = &p;  // not the $(...) subshell
     if (p["comm"] == "alloc_rounds") prog = &p;
   }
-  ASSERT_TRUE(shell && prog) << wrapped.report.dump();
-  EXPECT_EQ((*shell)["pid"], (*prog)["pid"]);
-  EXPECT_EQ((*shell)["exec_index"], 0);
-  EXPECT_EQ((*shell)["ended"], "exec");
-  EXPECT_EQ((*prog)["exec_index"], 1);
+  ASSERT_TRUE(prog) << wrapped.report.dump();
+  if (dynamic_sh) EXPECT_TRUE(shell) << wrapped.report.dump();
+  // A shell without an allocator the tool knows (a static busybox: the
+  // kernel tests' VM) has nothing to report: the program is the first image.
+  if (shell) {
+    EXPECT_EQ((*shell)["pid"], (*prog)["pid"]);
+    EXPECT_EQ((*shell)["exec_index"], 0);
+    EXPECT_EQ((*shell)["ended"], "exec");
+    EXPECT_GT(u(*shell, "allocs"), 0);
+  }
+  EXPECT_EQ((*prog)["exec_index"], shell ? 1 : 0);
   EXPECT_EQ((*prog)["ended"], "exit");
   EXPECT_EQ((*prog)["exit_code"], 0);
-  EXPECT_GT(u(*shell, "allocs"), 0);
   for (const char* k : {"allocs", "frees", "bytes_allocated", "in_use_blocks", "in_use_bytes", "failed_allocs",
                         "mmap_bytes_direct", "brk_calls", "inherited_blocks"})
     EXPECT_EQ(u(*prog, k), u(*d, k)) << k;
