@@ -247,6 +247,7 @@ std::vector<const Process*> HeapModel::images() const {
 }
 
 void HeapModel::on_fork(pid_t parent, pid_t child) {
+  if (parent == child) return;  // not a fork (a corrupt record): would copy a process into itself
   if (Process* c = find(child); c && c->from_fork && c->ppid == parent && !c->exited) return;  // seen already
   Process* pp = find(parent);
   // A pid seen before belongs to a process that is gone (the pid was reused).

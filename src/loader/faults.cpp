@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "report/report.h"
 #include "symbolize/proc_maps.h"
 
 namespace memtrace::loader {
@@ -140,7 +141,7 @@ void FaultTrace::line(const heap::Process& p, const mt_event& e, const heap::Fau
     if (h.kind != heap::Hit::Block && h.kind != heap::Hit::Unmapped) hit["region"] = heap::region_label(h);
     if (!alloc_fn.empty()) hit["alloc_function"] = alloc_fn;
     j["hit"] = std::move(hit);
-    os << j.dump() << "\n";
+    os << report::json_text(j) << "\n";
   } else {
     char b[256];
     snprintf(b, sizeof b, "%-18s  %-16s %7d %7u  %s  %-18s  %-22s  %-18s  ", ts, p.comm.c_str(), p.pid, e.h.tid, rw,

@@ -363,7 +363,7 @@ void Features::trace_line(const mt_event& e) {
     if (internal) j["allocator_internal"] = true;
     if (e.stack_id) j["stack_id"] = hex(e.stack_id);
     j["caller"] = caller;
-    os << "{\"trace\":" << j.dump() << "}\n";
+    os << "{\"trace\":" << report::json_text(j) << "}\n";
   } else {
     os << tbuf << ' ' << (p.comm.empty() ? "?" : p.comm) << ' ' << e.h.pid << ' ' << e.h.tid << ' ' << ev
        << (internal ? "[allocator]" : "") << ' ' << hex(e.addr) << ' ';
@@ -442,7 +442,7 @@ void Features::status(std::ostream& os) {
     ro.at_exit = false;
     ro.include_idle = c_.include_idle;
     auto j = report::to_json(*c_.model, c_.resolve, ro, c_.drops());
-    os << "{\"status\":" << j.dump() << "}\n";
+    os << "{\"status\":" << report::json_text(j) << "}\n";
     return;
   }
   size_t n = 0;
@@ -465,7 +465,7 @@ void Features::full_report(std::ostream& os) {
   if (c_.json) {
     auto j = report::to_json(*c_.model, c_.resolve, ro, d);
     add_json(j);
-    os << "{\"report\":" << j.dump() << "}\n";
+    os << "{\"report\":" << report::json_text(j) << "}\n";
   } else {
     report::write_text(os, *c_.model, c_.resolve, ro, d);
     write_text(os);
@@ -483,7 +483,7 @@ void Features::live(std::ostream& os) {
       add_live_json(jp, *c_.model, c_.resolve, *p, lo);
       arr.push_back(std::move(jp));
     }
-    os << "{\"live\":" << arr.dump() << "}\n";
+    os << "{\"live\":" << report::json_text(arr) << "}\n";
     return;
   }
   size_t n = 0;

@@ -9,14 +9,19 @@
 #include <memory>
 #include <string>
 
+#include "common/fd.h"
 #include "common/result.h"
 
 namespace memtrace::loader {
 
 enum class Privacy { Shared, Private };  // 0644, or 0600: memory contents
 
-// "cannot write FILE: it is a symbolic link (give the link's target)".
+// "cannot write FILE: it is a symbolic link (name the file it points to)".
 Result<std::unique_ptr<std::ofstream>> open_output(const std::string& path, Privacy privacy,
                                                    std::ios::openmode mode = std::ios::out);
+// The same checks; the file, created or truncated, as a descriptor: a stream
+// of the caller's opens "/proc/self/fd/N" (fd_path) while it is open.
+Result<Fd> create_output(const std::string& path, Privacy privacy);
+inline std::string fd_path(const Fd& fd) { return "/proc/self/fd/" + std::to_string(fd.get()); }
 
 }  // namespace memtrace::loader

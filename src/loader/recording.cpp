@@ -1,12 +1,18 @@
 #include "loader/recording.h"
 
+#include "loader/output_file.h"
+#include "report/report.h"
+
 #include <sys/stat.h>
 
 #include <cinttypes>
+#include <climits>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "elf/elf_file.h"
 #include "loader/procfs.h"
@@ -40,20 +46,24 @@ std::string build_id_of(const std::string& path) {
 
 namespace {
 void put32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
+std::string dump(const nlohmann::json& j) { return report::json_text(j); }
 }  // namespace
 
 Result<std::unique_ptr<Recorder>> Recorder::open(const std::string& path, const nlohmann::json& meta) {
   auto r = std::unique_ptr<Recorder>(new Recorder());
   r->buf_.resize(1 << 20);
   r->f_.rdbuf()->pubsetbuf(r->buf_.data(), r->buf_.size());
-  r->f_.open(path, std::ios::binary | std::ios::trunc);
+  // Holds memory contents (--dump-bytes) and every stack: the owner's only.
+  auto fd = create_output(path, Privacy::Private);
+  if (!fd) return fd.error();
+  r->f_.open(fd_path(*fd), std::ios::binary | std::ios::trunc);
   if (!r->f_) return Error::sys("cannot write recording " + path);
   r->path_ = path;
   std::string h;
   for (uint32_t v : {uint32_t(sizeof(mt_hdr)), uint32_t(sizeof(mt_event)), uint32_t(sizeof(mt_stack)),
                      uint32_t(sizeof(mt_proc_event)), uint32_t(MT_MAX_FRAMES), uint32_t(MT_COMM_LEN)})
     put32(h, v);
-  std::string js = meta.dump();
+  std::string js = dump(meta);
   put32(h, js.size());
   h += js;
   std::string head(kRecMagic, 8);
@@ -74,7 +84,7 @@ void Recorder::write(RecType t, const void* data, size_t len) {
 }
 
 void Recorder::write_json(RecType t, const nlohmann::json& j) {
-  std::string s = j.dump();
+  std::string s = dump(j);
   write(t, s.data(), s.size());
 }
 
@@ -114,42 +124,238 @@ void Recorder::close() {
   f_.close();
 }
 
-RecordedFile read_recording(const std::string& path, const std::function<void(const nlohmann::json&)>& on_meta,
-                            const std::function<void(RecType, const std::vector<char>&)>& fn) {
+// ------------------------------------------------------------------ reading
+
+namespace {
+
+using nlohmann::json;
+
+// Reads in from its current position, counting the offset; at most size
+// bytes in all when that is known (a regular file, memory: the file as it was
+// when reading started).
+class Source {
+ public:
+  explicit Source(std::istream& in) : in_(in) {
+    auto start = in.tellg();
+    if (start != std::istream::pos_type(-1) && in.seekg(0, std::ios::end)) {
+      auto end = in.tellg();
+      if (end != std::istream::pos_type(-1) && end >= start) size_ = static_cast<uint64_t>(end - start);
+    }
+    in.clear();
+    if (start != std::istream::pos_type(-1)) in.seekg(start);
+    in.clear();
+  }
+  // Bytes read (fewer than n at the end of the file).
+  size_t read(void* buf, size_t n) {
+    if (size_ && *size_ - pos_ < n) n = *size_ - pos_;
+    if (n == 0) return 0;
+    in_.read(static_cast<char*>(buf), static_cast<std::streamsize>(n));
+    size_t got = static_cast<size_t>(in_.gcount());
+    pos_ += got;
+    return got;
+  }
+  uint64_t pos() const { return pos_; }
+  bool failed() const { return in_.bad(); }  // a read error, not the end of the file
+  std::optional<uint64_t> size() const { return size_; }
+  // What is left after pos_, when the size is known.
+  std::optional<uint64_t> left() const {
+    if (!size_) return std::nullopt;
+    return *size_ - pos_;
+  }
+  // The file's size for messages: known, or where reading ended.
+  uint64_t size_or_end() const { return size_ ? *size_ : pos_; }
+
+ private:
+  std::istream& in_;
+  uint64_t pos_ = 0;
+  std::optional<uint64_t> size_;
+};
+
+std::string num(uint64_t v) { return std::to_string(v); }
+
+// Field checks for the JSON parts: "" if fine, else what is wrong.
+bool is_uint(const json& j, const char* k, uint64_t max = UINT64_MAX) {
+  auto it = j.find(k);
+  return it != j.end() && it->is_number_unsigned() && it->get<uint64_t>() <= max;
+}
+std::string need_uint(const json& j, const char* k, uint64_t max = UINT64_MAX) {
+  if (is_uint(j, k, max)) return "";
+  return std::string("\"") + k + "\" " + (j.contains(k) ? "is not an integer from 0 to " + num(max) : "is missing");
+}
+std::string may_uint(const json& j, const char* k, uint64_t max = UINT64_MAX) {
+  return j.contains(k) ? need_uint(j, k, max) : "";
+}
+std::string need_string(const json& j, const char* k) {
+  auto it = j.find(k);
+  if (it != j.end() && it->is_string()) return "";
+  return std::string("\"") + k + "\" " + (it != j.end() ? "is not a string" : "is missing");
+}
+std::string may_string(const json& j, const char* k) { return j.contains(k) ? need_string(j, k) : ""; }
+std::string may_bool(const json& j, const char* k) {
+  auto it = j.find(k);
+  return it == j.end() || it->is_boolean() ? "" : std::string("\"") + k + "\" is not true or false";
+}
+std::string may_strings(const json& j, const char* k) {
+  auto it = j.find(k);
+  if (it == j.end()) return "";
+  bool ok = it->is_array();
+  if (ok)
+    for (const auto& e : *it) ok = ok && e.is_string();
+  return ok ? "" : std::string("\"") + k + "\" is not an array of strings";
+}
+std::string may_counters(const json& j, const char* k) {
+  auto it = j.find(k);
+  if (it == j.end()) return "";
+  bool ok = it->is_object();
+  if (ok)
+    for (const auto& [name, v] : it->items()) ok = ok && v.is_number_unsigned();
+  return ok ? "" : std::string("\"") + k + "\" is not an object of counters";
+}
+// The first non-empty message.
+std::string first(std::initializer_list<std::string> msgs) {
+  for (const auto& m : msgs)
+    if (!m.empty()) return m;
+  return "";
+}
+
+constexpr uint64_t kMaxPid = INT32_MAX;
+
+std::string check_meta(const json& m) {
+  if (!m.is_object()) return "not a JSON object";
+  return first({may_bool(m, "system_wide"), may_bool(m, "include_idle"), may_strings(m, "command")});
+}
+
+std::string check_maps(const json& j) {
+  if (!j.is_object()) return "not a JSON object";
+  std::string e = first({need_uint(j, "pid", kMaxPid), may_string(j, "comm")});
+  if (!e.empty()) return e;
+  auto it = j.find("maps");
+  if (it == j.end() || !it->is_array()) return "\"maps\" is not an array";
+  size_t i = 0;
+  for (const auto& m : *it) {
+    if (!m.is_object()) return "mapping " + num(i) + " is not an object";
+    e = first({need_uint(m, "start"), need_uint(m, "end"), need_uint(m, "offset"), need_uint(m, "dev"),
+               need_uint(m, "inode"), need_string(m, "perms"), need_string(m, "path"), need_string(m, "build_id")});
+    if (e.empty() && m["start"].get<uint64_t>() >= m["end"].get<uint64_t>()) e = "start is not below end";
+    if (!e.empty()) return "mapping " + num(i) + ": " + e;
+    i++;
+  }
+  return "";
+}
+
+std::string check_end(const json& j) {
+  if (!j.is_object()) return "not a JSON object";
+  auto it = j.find("processes");
+  if (it == j.end() || !it->is_array()) return "\"processes\" is not an array";
+  size_t i = 0;
+  for (const auto& p : *it) {
+    if (!p.is_object()) return "process " + num(i) + " is not an object";
+    std::string e = first({need_uint(p, "pid", kMaxPid), may_uint(p, "ppid", kMaxPid), may_string(p, "comm"),
+                           may_bool(p, "exited")});
+    auto st = p.find("exit_status");
+    if (e.empty() && st != p.end() && !st->is_null() &&
+        !(st->is_number_integer() && st->get<int64_t>() >= INT32_MIN && st->get<int64_t>() <= INT32_MAX))
+      e = "\"exit_status\" is not an integer or null";
+    if (!e.empty()) return "process " + num(i) + ": " + e;
+    i++;
+  }
+  return first({may_counters(j, "dropped"), may_counters(j, "stats"), may_strings(j, "errors"),
+                may_uint(j, "mono_ns")});
+}
+
+bool event_kind(uint32_t k) { return k >= MT_EV_ALLOC && k <= MT_EV_FAULT && k != MT_EV_STACK; }
+bool proc_kind(uint32_t k) {
+  return k == MT_EV_EXEC || k == MT_EV_FORK || k == MT_EV_EXIT || k == MT_EV_LIBMAP;
+}
+
+// What is wrong with a record whose checksum matched ("" if nothing); j: the
+// parsed payload of a JSON record.
+std::string check_record(uint32_t type, const std::vector<char>& p, json* j) {
+  mt_hdr h{};
+  if (p.size() >= sizeof h) memcpy(&h, p.data(), sizeof h);
+  switch (type) {
+    case REC_EVENT:
+      if (p.size() == sizeof(mt_stack) && h.kind == MT_EV_STACK) {
+        uint32_t nr;
+        memcpy(&nr, p.data() + offsetof(mt_stack, nr), sizeof nr);
+        if (nr > MT_MAX_FRAMES) return "stack record of " + num(nr) + " frames (at most " + num(MT_MAX_FRAMES) + ")";
+        return "";
+      }
+      if (p.size() == sizeof(mt_event) && event_kind(h.kind)) {
+        if (h.pid > kMaxPid) return "event record of pid " + num(h.pid);
+        uint64_t child;
+        memcpy(&child, p.data() + offsetof(mt_event, addr), sizeof child);
+        // A fork's child is another process (the model forks one pid into another).
+        if (h.kind == MT_EV_FORK && (child == 0 || child > kMaxPid || child == h.pid))
+          return "fork record of pid " + num(h.pid) + " with child " + num(child);
+        return "";
+      }
+      return "event record of " + num(p.size()) + " bytes" +
+             (p.size() >= sizeof h ? ", kind " + num(h.kind) : std::string()) + " (an event is " +
+             num(sizeof(mt_event)) + " bytes of kind " + num(MT_EV_ALLOC) + " to " + num(MT_EV_FAULT) +
+             ", a stack " + num(sizeof(mt_stack)) + " bytes of kind " + num(MT_EV_STACK) + ")";
+    case REC_PROC:
+      if (p.size() == sizeof(mt_proc_event) && proc_kind(h.kind)) {
+        if (h.pid > kMaxPid) return "process record of pid " + num(h.pid);
+        uint32_t ppid;
+        memcpy(&ppid, p.data() + offsetof(mt_proc_event, ppid), sizeof ppid);
+        if (h.kind == MT_EV_FORK && (ppid > kMaxPid || ppid == h.pid))
+          return "fork record of pid " + num(h.pid) + " with parent " + num(ppid);
+        return "";
+      }
+      return "process record of " + num(p.size()) + " bytes" +
+             (p.size() >= sizeof h ? ", kind " + num(h.kind) : std::string()) + " (one is " +
+             num(sizeof(mt_proc_event)) + " bytes of kind " + num(MT_EV_EXEC) + " to " + num(MT_EV_LIBMAP) + ")";
+    case REC_MAPS:
+    case REC_END: {
+      const char* what = type == REC_MAPS ? "mappings record" : "end record";
+      *j = json::parse(p.begin(), p.end(), nullptr, false);
+      if (j->is_discarded()) return std::string(what) + ": not JSON";
+      std::string e = type == REC_MAPS ? check_maps(*j) : check_end(*j);
+      return e.empty() ? "" : std::string(what) + ": " + e;
+    }
+  }
+  return "type " + num(type);
+}
+
+}  // namespace
+
+RecordedFile read_recording(std::istream& in, const std::function<void(const nlohmann::json&)>& on_meta,
+                            const std::function<void(const Record&)>& fn) {
   RecordedFile rf;
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    rf.error = "cannot open " + path + ": " + strerror(errno);
+  Source src(in);
+  auto fail = [&](uint64_t at, const std::string& what) {
+    rf.error_offset = at;
+    rf.error = src.failed() ? "read error at offset " + num(src.pos()) : what;
     return rf;
-  }
+  };
+  // Truncated inside the header: names where the file ends.
+  auto short_header = [&](size_t header_bytes) {
+    uint64_t end = src.pos();
+    return fail(end, end == 0 ? "truncated header at offset 0: the file is empty"
+                              : "truncated header at offset " + num(end) + ": the file ends there, inside the " +
+                                    num(header_bytes) + "-byte header");
+  };
+
   char magic[8];
+  size_t got = src.read(magic, sizeof magic);
+  if (memcmp(magic, kRecMagic, got) != 0)
+    return fail(0, "not a memtrace-bpf recording (no recording magic at offset 0)");
+  if (got < sizeof magic) return short_header(16);
   uint32_t hv[2];
-  if (!f.read(magic, 8)) {
-    rf.error = path + ": truncated header (" + std::to_string(f.gcount()) + " bytes; not a complete recording)";
-    return rf;
-  }
-  if (memcmp(magic, kRecMagic, 8) != 0) {
-    rf.error = path + " is not a memtrace-bpf recording (bad magic)";
-    return rf;
-  }
-  if (!f.read(reinterpret_cast<char*>(hv), sizeof hv)) {
-    rf.error = path + ": truncated header";
-    return rf;
-  }
-  if (hv[0] != kRecVersion) {
-    rf.error = path + ": recording format version " + std::to_string(hv[0]) + ", this build reads " +
-               std::to_string(kRecVersion);
-    return rf;
-  }
-  if (hv[1] < 28 || hv[1] > kRecMaxPayload) {
-    rf.error = path + ": corrupt header (length " + std::to_string(hv[1]) + ")";
-    return rf;
-  }
+  if (src.read(hv, sizeof hv) < sizeof hv) return short_header(16);
+  if (hv[0] != kRecVersion)
+    return fail(8, "recording format version " + num(hv[0]) + " at offset 8, this build reads version " +
+                       num(kRecVersion));
+  const uint64_t header_bytes = 16 + uint64_t{hv[1]};
+  if (hv[1] < 28 || hv[1] > kRecMaxPayload)
+    return fail(12, "corrupt header at offset 12: header length " + num(hv[1]) + " (28 to " + num(kRecMaxPayload) +
+                        " bytes)");
+  if (auto left = src.left(); left && *left < hv[1])
+    return fail(src.size_or_end(), "truncated header at offset " + num(src.size_or_end()) +
+                                       ": the file ends there, inside the " + num(header_bytes) + "-byte header");
   std::vector<char> h(hv[1]);
-  if (!f.read(h.data(), h.size())) {
-    rf.error = path + ": truncated header";
-    return rf;
-  }
+  if (src.read(h.data(), h.size()) < h.size()) return short_header(header_bytes);
   uint32_t sz[7];
   memcpy(sz, h.data(), sizeof sz);
   const uint32_t want[6] = {uint32_t(sizeof(mt_hdr)), uint32_t(sizeof(mt_event)), uint32_t(sizeof(mt_stack)),
@@ -157,55 +363,75 @@ RecordedFile read_recording(const std::string& path, const std::function<void(co
   if (memcmp(sz, want, sizeof want) != 0) {
     char b[256];
     snprintf(b, sizeof b,
-             "%s: record layouts differ from this build (hdr/event/stack/proc/frames/comm %u/%u/%u/%u/%u/%u, "
-             "here %u/%u/%u/%u/%u/%u)",
-             path.c_str(), sz[0], sz[1], sz[2], sz[3], sz[4], sz[5], want[0], want[1], want[2], want[3], want[4],
-             want[5]);
-    rf.error = b;
-    return rf;
+             "record layouts at offset 16 differ from this build's (hdr/event/stack/proc/frames/comm "
+             "%u/%u/%u/%u/%u/%u, here %u/%u/%u/%u/%u/%u)",
+             sz[0], sz[1], sz[2], sz[3], sz[4], sz[5], want[0], want[1], want[2], want[3], want[4], want[5]);
+    return fail(16, b);
   }
-  if (28 + static_cast<uint64_t>(sz[6]) > h.size()) {
-    rf.error = path + ": corrupt header (metadata length)";
-    return rf;
-  }
-  rf.meta = nlohmann::json::parse(std::string(h.data() + 28, sz[6]), nullptr, false);
-  if (rf.meta.is_discarded()) {
-    rf.error = path + ": corrupt header (metadata)";
-    return rf;
-  }
+  if (28 + uint64_t{sz[6]} > h.size())
+    return fail(40, "corrupt header at offset 40: metadata length " + num(sz[6]) + " past the header's end (" +
+                        num(header_bytes) + " bytes)");
+  json meta = json::parse(h.begin() + 28, h.begin() + 28 + sz[6], nullptr, false);
+  if (meta.is_discarded()) return fail(44, "corrupt header at offset 44: the metadata is not JSON");
+  if (std::string e = check_meta(meta); !e.empty()) return fail(44, "corrupt header at offset 44: metadata: " + e);
+  rf.meta = std::move(meta);
   on_meta(rf.meta);
-  bool ended = false;
+
   std::vector<char> payload;
   for (;;) {
-    uint64_t at = f.tellg();
+    const uint64_t at = src.pos();
     uint32_t rh[3];
-    f.read(reinterpret_cast<char*>(rh), sizeof rh);
-    if (f.gcount() == 0) break;  // clean end of file
-    if (f.gcount() != sizeof rh) {
-      rf.error = "truncated record header at offset " + std::to_string(at);
-      break;
-    }
-    if (rh[0] < REC_EVENT || rh[0] > REC_END || rh[1] > kRecMaxPayload) {
-      rf.error = "corrupt record at offset " + std::to_string(at) + " (type " + std::to_string(rh[0]) +
-                 ", length " + std::to_string(rh[1]) + ")";
-      break;
-    }
-    payload.resize(rh[1]);
-    if (!f.read(payload.data(), rh[1])) {
-      rf.error = "truncated record at offset " + std::to_string(at);
-      break;
-    }
-    if (fnv1a(payload.data(), payload.size()) != rh[2]) {
-      rf.error = "corrupt record at offset " + std::to_string(at) + " (checksum mismatch)";
-      break;
-    }
+    got = src.read(rh, sizeof rh);
+    if (got == 0)
+      return fail(at, "truncated at offset " + num(at) +
+                          ": the file ends there, without the end record (the tracer did not finish writing)");
+    if (got < sizeof rh)
+      return fail(at, "truncated record at offset " + num(at) + ": the file ends " + num(got) +
+                          " bytes into the record's 12-byte header (" + num(src.size_or_end()) + " bytes)");
+    const uint32_t type = rh[0], len = rh[1];
+    if (type < REC_EVENT || type > REC_END)
+      return fail(at, "corrupt record at offset " + num(at) + ": type " + num(type) + " (records are of types " +
+                          num(REC_EVENT) + " to " + num(REC_END) + ")");
+    if (auto left = src.left(); left && *left < len)
+      return fail(at, std::string(len > kRecMaxPayload ? "corrupt" : "truncated") + " record at offset " + num(at) +
+                          ": length " + num(len) + " past the end of the file (" + num(*src.size()) + " bytes)");
+    if (len > kRecMaxPayload)
+      return fail(at, "corrupt record at offset " + num(at) + ": length " + num(len) + " over the " +
+                          num(kRecMaxPayload) + "-byte limit");
+    payload.resize(len);
+    if (src.read(payload.data(), len) < len)
+      return fail(at, "truncated record at offset " + num(at) + ": length " + num(len) +
+                          " past the end of the file (" + num(src.pos()) + " bytes)");
+    if (fnv1a(payload.data(), payload.size()) != rh[2])
+      return fail(at, "corrupt record at offset " + num(at) + ": checksum mismatch (type " + num(type) +
+                          ", length " + num(len) + ")");
+    json j;
+    if (std::string e = check_record(type, payload, &j); !e.empty())
+      return fail(at, "corrupt record at offset " + num(at) + ": " + e);
     rf.records++;
-    if (rh[0] == REC_END) ended = true;
-    fn(static_cast<RecType>(rh[0]), payload);
-    if (ended) break;
+    fn(Record{static_cast<RecType>(type), at, payload, j});
+    if (type == REC_END) break;
   }
-  if (rf.error.empty() && !ended) rf.error = "truncated: no end record (the tracer did not finish writing)";
+  // The end record is the last.
+  const uint64_t end = src.pos();
+  char c;
+  if (src.read(&c, 1) == 1) {
+    std::string more = src.size() ? num(*src.size() - end) + " bytes" : "data";
+    return fail(end, "corrupt recording at offset " + num(end) + ": " + more + " after the end record");
+  }
+  if (src.failed()) return fail(end, "");
   return rf;
+}
+
+RecordedFile read_recording(const std::string& path, const std::function<void(const nlohmann::json&)>& on_meta,
+                            const std::function<void(const Record&)>& fn) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    RecordedFile rf;
+    rf.error = "cannot open " + path + ": " + strerror(errno);
+    return rf;
+  }
+  return read_recording(f, on_meta, fn);
 }
 
 }  // namespace memtrace::loader

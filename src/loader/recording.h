@@ -10,9 +10,9 @@
 //     REC_MAPS   JSON {"pid", "comm", "maps": [{"start","end","offset","dev","inode",
 //                "perms","path","build_id"}]}: executable mappings captured while
 //                the process lived (only the ones new since the last capture)
-//     REC_END    JSON {"processes": [{"pid","comm","exited","exit_status"}],
+//     REC_END    JSON {"processes": [{"pid","ppid","comm","exited","exit_status"}],
 //                "dropped", "stats", "errors", "mono_ns"}: final state at the
-//                end of tracing; its absence means the file is truncated.
+//                end of tracing, the last record; its absence means the file is truncated.
 // Little-endian, this machine's layouts: the header's sizes must match.
 #pragma once
 #include <sys/types.h>
@@ -20,9 +20,11 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <istream>
 #include <memory>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <set>
 #include <string>
 #include <tuple>
@@ -62,15 +64,53 @@ class Recorder {
   std::map<pid_t, std::set<std::tuple<uint64_t, uint64_t, uint64_t, std::string>>> seen_;
 };
 
+// ---- reading. Every length, type and size is checked against the file and
+// the format before it is used: a hostile file gives an error naming the
+// offset, never more than one record's payload (at most kRecMaxPayload) in
+// memory, nothing outside the buffers read. The metadata and the JSON records
+// must have the fields and types the writer writes (unknown extra fields are
+// ignored).
+
+// What reading found.
 struct RecordedFile {
-  nlohmann::json meta;
-  std::string error;          // "" if the whole file read cleanly with an end record
-  uint64_t records = 0;       // records read
+  nlohmann::json meta;        // the header's metadata; null if the header could not be read
+  std::string error;          // "" if the file read cleanly to its end record; else one line naming the offset
+  uint64_t error_offset = 0;  // where it went wrong: reading stopped there
+  uint64_t records = 0;       // records read and handed to fn: every record before error_offset
+  bool header_ok() const { return meta.is_object(); }
 };
 
-// Reads path and calls fn for each record in order. Stops at the first
-// corrupt or truncated record and says why in the result's error.
+// One record, checked: REC_EVENT a whole mt_event (kinds MT_EV_ALLOC to
+// MT_EV_FAULT) or a whole mt_stack (nr <= MT_MAX_FRAMES); REC_PROC a whole
+// mt_proc_event of a lifecycle kind; pids from 0 to INT32_MAX, a fork's child
+// not its parent; REC_MAPS, REC_END JSON as described above.
+struct Record {
+  RecType type;
+  uint64_t offset;                   // of the record's header in the file
+  const std::vector<char>& payload;  // as written (8-byte aligned: cast to the ring-buffer structs)
+  const nlohmann::json& json;        // REC_MAPS, REC_END: the payload parsed; null for the others
+};
+
+// Reads a recording from in (bytes from its current position on: a file, a
+// pipe, memory) and calls on_meta with the header's metadata, then fn for
+// each record in order. Stops at the first truncated or corrupt byte and says
+// where and why in the result's error.
+RecordedFile read_recording(std::istream& in, const std::function<void(const nlohmann::json&)>& on_meta,
+                            const std::function<void(const Record&)>& fn);
+// The same on the file at path.
 RecordedFile read_recording(const std::string& path, const std::function<void(const nlohmann::json&)>& on_meta,
-                            const std::function<void(RecType, const std::vector<char>&)>& fn);
+                            const std::function<void(const Record&)>& fn);
+
+// ---- `memtrace-bpf replay` (replay.cpp)
+struct ReplayOptions;  // loader/features.h
+
+// replay's work on an open recording (o.file names it in messages): the
+// report to out, and for a truncated or corrupt file one line to err naming
+// the offset. Returns the exit code: 0 complete; 1 stopped at an error after
+// the header (the report covers every record before it); 2 no readable header
+// (no report). open_files false: no file is looked at for symbols (frames
+// stay unsymbolized; the fuzzer's setting).
+int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& out, std::ostream& err,
+                     bool open_files = true);
 
 }  // namespace memtrace::loader

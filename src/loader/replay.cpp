@@ -2,6 +2,7 @@
 // against the files on disk (matched by build-id where the recording has one).
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -22,7 +23,8 @@ namespace {
 
 class ReplayResolver {
  public:
-  explicit ReplayResolver(const symbolize::Options& o) : sym_(o), dirs_(o.symbol_dirs) {}
+  ReplayResolver(const symbolize::Options& o, bool open_files)
+      : sym_(o), dirs_(o.symbol_dirs), open_files_(open_files) {}
 
   void add(pid_t pid, const nlohmann::json& m) {
     std::string path = m.value("path", "");
@@ -56,9 +58,10 @@ class ReplayResolver {
   // (--symbols DIR first, then the recorded path); without a build-id, the
   // recorded path. "" (left unsymbolized) when missing or changed.
   std::string locate(const std::string& path, const std::string& bid, uint64_t dev, uint64_t inode) {
+    std::string base = path.substr(path.rfind('/') + 1);
+    if (!open_files_) return "/nonexistent/" + base;
     auto memo = located_.find(path + "\n" + bid);
     if (memo != located_.end()) return memo->second;
-    std::string base = path.substr(path.rfind('/') + 1);
     std::vector<std::string> cands;
     for (const auto& d : dirs_) {
       if (bid.size() > 2) cands.push_back(d + "/.build-id/" + bid.substr(0, 2) + "/" + bid.substr(2));
@@ -102,6 +105,7 @@ class ReplayResolver {
 
   symbolize::Symbolizer sym_;
   std::vector<std::string> dirs_;
+  bool open_files_;
   AddressSpaces spaces_;
   std::map<pid_t, std::set<std::tuple<uint64_t, uint64_t, uint64_t, std::string>>> added_;
   std::map<pid_t, pid_t> parent_;
@@ -111,32 +115,30 @@ class ReplayResolver {
 
 }  // namespace
 
-int replay(const ReplayOptions& o) {
+int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os, std::ostream& err,
+                     bool open_files) {
   symbolize::Options so;
   so.symbol_dirs = o.symbol_dirs;
   so.dwarf = o.dwarf;
-  ReplayResolver res(so);
+  if (!open_files) so.debug_root = "/nonexistent";  // no debug-file lookups either
+  ReplayResolver res(so, open_files);
   heap::HeapModel model;
   nlohmann::json meta, end;
   bool system_wide = false;
-  uint64_t last_ts = 0, bad_proc = 0;
-  bool meta_seen = false;
+  uint64_t last_ts = 0;
   auto on_meta = [&](const nlohmann::json& m) { system_wide = m.value("system_wide", false); };
-  auto rf = read_recording(o.file, on_meta, [&](RecType t, const std::vector<char>& p) {
-    switch (t) {
-      case REC_EVENT:
-        if (p.size() >= sizeof(mt_hdr)) {
-          mt_hdr h;
-          memcpy(&h, p.data(), sizeof h);
-          last_ts = std::max<uint64_t>(last_ts, h.ts);
-        }
+  // read_recording checked each record's size, kinds and JSON fields.
+  auto rf = read_recording(in, on_meta, [&](const Record& r) {
+    const std::vector<char>& p = r.payload;
+    switch (r.type) {
+      case REC_EVENT: {
+        mt_hdr h;
+        memcpy(&h, p.data(), sizeof h);
+        last_ts = std::max<uint64_t>(last_ts, h.ts);
         model.apply(p.data(), p.size());
         break;
+      }
       case REC_PROC: {
-        if (p.size() < sizeof(mt_proc_event)) {
-          bad_proc++;
-          break;
-        }
         mt_proc_event e;
         memcpy(&e, p.data(), sizeof e);
         pid_t pid = e.h.pid;
@@ -155,21 +157,18 @@ int replay(const ReplayOptions& o) {
         break;
       }
       case REC_MAPS: {
-        auto j = nlohmann::json::parse(p.begin(), p.end(), nullptr, false);
-        if (!j.is_object() || !j.contains("pid")) break;
-        pid_t pid = j["pid"].get<pid_t>();
-        for (const auto& m : j.value("maps", nlohmann::json::array())) res.add(pid, m);
+        pid_t pid = r.json["pid"].get<pid_t>();
+        for (const auto& m : r.json["maps"]) res.add(pid, m);
         break;
       }
       case REC_END:
-        end = nlohmann::json::parse(p.begin(), p.end(), nullptr, false);
+        end = r.json;
         break;
     }
   });
   meta = rf.meta;
-  meta_seen = meta.is_object();
-  if (!meta_seen) {
-    std::cerr << "memtrace-bpf: replay: " << rf.error << "\n";
+  if (!rf.header_ok()) {
+    err << "memtrace-bpf: replay " << o.file << ": " << rf.error << "\n";
     return 2;
   }
   if (end.is_object()) {
@@ -180,7 +179,7 @@ int replay(const ReplayOptions& o) {
       if (jp.value("ppid", 0)) p.ppid = jp["ppid"].get<pid_t>();
       if (jp.value("exited", false)) {
         p.exited = true;
-        if (jp["exit_status"].is_number()) p.exit_code = jp["exit_status"].get<int>();
+        if (auto st = jp.find("exit_status"); st != jp.end() && st->is_number_integer()) p.exit_code = st->get<int>();
       }
     }
   }
@@ -191,20 +190,11 @@ int replay(const ReplayOptions& o) {
   } else {
     // What the recording itself says; the BPF-side counters were in the end record.
     d.dropped["stack_record_missing"] = model.missing_stacks();
-    d.dropped["malformed"] = model.malformed_records() + bad_proc;
+    d.dropped["malformed"] = model.malformed_records();
     d.stats["events"] = model.event_count();
   }
   d.stats["replay_records"] = rf.records;
 
-  std::ofstream fo;
-  if (!o.output.empty()) {
-    fo.open(o.output);
-    if (!fo) {
-      std::cerr << "memtrace-bpf: cannot write " << o.output << ": " << strerror(errno) << "\n";
-      return 2;
-    }
-  }
-  std::ostream& os = o.output.empty() ? std::cout : fo;
   report::Options ro;
   ro.top = o.top;
   ro.at_exit = true;
@@ -225,9 +215,13 @@ int replay(const ReplayOptions& o) {
     j["errors"] = errors;
     j["notes"] = res.notes();
     j["replay"] = {{"file", o.file}, {"records", rf.records}, {"complete", rf.error.empty()}};
-    if (!rf.error.empty()) j["replay"]["error"] = rf.error;
+    if (!rf.error.empty()) {
+      j["replay"]["error"] = rf.error;
+      j["replay"]["error_offset"] = rf.error_offset;
+    }
     if (meta.contains("command")) j["replay"]["command"] = meta["command"];
-    os << j.dump(2) << "\n";
+    // comms and symbol names are bytes, not always UTF-8.
+    os << report::json_text(j, 2) << "\n";
   } else {
     report::write_text(os, model, rfn, ro, d);
     if (o.live)
@@ -235,16 +229,37 @@ int replay(const ReplayOptions& o) {
         if (!p->live.empty()) write_live_text(os, model, rfn, *p, lo);
     for (const auto& e : errors) os << "error: " << e << "\n";
     for (const auto& n : res.notes()) os << "note: " << n << "\n";
-    os << "REPLAY: " << o.file << ", " << rf.records << " records" << (rf.error.empty() ? "" : " (incomplete)")
-       << "\n";
+    os << "REPLAY: " << o.file << ", " << rf.records << " records";
+    if (!rf.error.empty()) os << " (incomplete: stopped at offset " << rf.error_offset << ")";
+    os << "\n";
   }
   os.flush();
   if (!rf.error.empty()) {
-    std::cerr << "memtrace-bpf: replay: " << o.file << ": " << rf.error << "; read " << rf.records
-              << " records, reported what they hold\n";
+    err << "memtrace-bpf: replay " << o.file << ": " << rf.error << "; the report covers the " << rf.records
+        << " records before it\n";
     return 1;
   }
   return 0;
+}
+
+int replay(const ReplayOptions& o) {
+  std::ifstream in;
+  struct stat st;
+  if (::stat(o.file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) errno = EISDIR;
+  else in.open(o.file, std::ios::binary);
+  if (!in.is_open()) {
+    std::cerr << "memtrace-bpf: replay " << o.file << ": cannot open: " << strerror(errno) << "\n";
+    return 2;
+  }
+  std::ofstream fo;
+  if (!o.output.empty()) {
+    fo.open(o.output);
+    if (!fo) {
+      std::cerr << "memtrace-bpf: cannot write " << o.output << ": " << strerror(errno) << "\n";
+      return 2;
+    }
+  }
+  return replay_recording(in, o, o.output.empty() ? std::cout : fo, std::cerr);
 }
 
 }  // namespace memtrace::loader

@@ -358,4 +358,8 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
   return j;
 }
 
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace memtrace::report

@@ -69,4 +69,9 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
                 const Drops& d);
 nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Options& o, const Drops& d);
 
+// JSON text of j: comms, paths and arguments are bytes, not always UTF-8;
+// invalid sequences become U+FFFD instead of an exception (nlohmann's dump
+// throws type_error 316). Every JSON the tool writes goes through this.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 }  // namespace memtrace::report

@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 
 #include "harness.h"
+#include "memtrace.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
@@ -460,4 +464,210 @@ TEST_F(Features, ReplaySaysWhenABinaryChangedAndFindsItByBuildId) {
   EXPECT_EQ((*p)["summary"], (*lp)["summary"]);
   EXPECT_NE(oj["notes"].dump().find("same build-id"), std::string::npos) << oj["notes"].dump();
   ASSERT_EQ(system(("rm -rf " + dir).c_str()), 0);
+}
+
+// ------------------------------------------------------------------ hostile recordings
+
+namespace {
+
+// A recording's records, walked as recording.h describes the format.
+struct RecAt {
+  size_t off;
+  uint32_t type, len;
+};
+std::vector<RecAt> records_of(const std::string& d) {
+  std::vector<RecAt> v;
+  uint32_t hl;
+  memcpy(&hl, d.data() + 12, 4);
+  for (size_t o = 16 + hl; o + 12 <= d.size();) {
+    uint32_t h[3];
+    memcpy(h, d.data() + o, 12);
+    v.push_back({o, h[0], h[1]});
+    o += 12 + h[1];
+  }
+  return v;
+}
+
+uint32_t fnv1a(const char* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ static_cast<unsigned char>(p[i])) * 16777619u;
+  return h;
+}
+
+void put32(std::string& d, size_t at, uint32_t v) { memcpy(&d[at], &v, 4); }
+
+struct Replayed {
+  Result r;
+  json rep;            // the JSON report (null when none)
+  long offset = -1;    // the offset the error line names
+  json proc, summary;  // alloc_rounds' process object and summary
+};
+
+// replay FILE (with `data` as FILE's content) --format json.
+Replayed replay_bytes(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+  Replayed x;
+  x.r = run({"replay", path, "--format", "json"});
+  unlink(path.c_str());
+  x.rep = json::parse(x.r.out, nullptr, false);
+  x.offset = field(x.r.err, R"(at offset (\d+))");
+  if (const json* p = find_comm(x.rep, "alloc_rounds")) {
+    x.proc = *p;
+    x.summary = (*p)["summary"];
+  }
+  return x;
+}
+
+}  // namespace
+
+// Issue 17: a recording cut short or with a damaged record header gives one
+// error line naming the offset where it went wrong, a non-zero exit, and the
+// report of every record before that offset (nothing already read is lost).
+TEST_F(Features, ReplayOfACutOrCorruptRecordingNamesTheOffsetAndReportsWhatCameBefore) {
+  const long R = 6;
+  std::string rec = "/tmp/memtrace-test-" + std::to_string(getpid()) + "-hostile.mtr";
+  ToolRun live = run_tool({"--record", rec, "--", target("alloc_rounds"), "--rounds", std::to_string(R)});
+  ASSERT_EQ(live.code, 0) << live.err;
+  PerRound per = parse_per_round(live.out);
+  ASSERT_GT(per.allocs, 0) << live.out;
+  const json* lp = find_comm(live.report, "alloc_rounds");
+  ASSERT_TRUE(lp) << live.report.dump();
+  const uint32_t pid = (*lp)["pid"].get<uint32_t>();
+  const std::string data = slurp(rec);
+  unlink(rec.c_str());
+  std::vector<RecAt> recs = records_of(data);
+  ASSERT_FALSE(recs.empty());
+  ASSERT_EQ(recs.back().type, 4u) << "the end record is the last";
+  ASSERT_EQ(recs.back().off + 12 + recs.back().len, data.size());
+  const size_t end_off = recs.back().off;
+
+  // Each round ends with leak_here's malloc(33): the records after the
+  // prologue's and each round's are round boundaries (round_end[k]: k rounds done).
+  std::vector<size_t> round_end;
+  for (const auto& r : recs) {
+    if (r.type != 1 || r.len != sizeof(mt_event)) continue;
+    mt_event e;
+    memcpy(&e, data.data() + r.off + 12, sizeof e);
+    if (e.h.kind == MT_EV_ALLOC && e.h.pid == pid && e.size == 33) round_end.push_back(r.off + 12 + r.len);
+  }
+  ASSERT_EQ(round_end.size(), static_cast<size_t>(R + 1));
+  const size_t k2 = round_end[2], k5 = round_end[5];
+  ASSERT_LT(k5, end_off);
+  std::string tmp = "/tmp/memtrace-test-" + std::to_string(getpid()) + "-cut.mtr";
+
+  auto expect_stopped_at = [&](const Replayed& x, size_t off, const std::string& what, const char* word) {
+    EXPECT_EQ(x.r.code, 1) << what << ": " << x.r.err;
+    EXPECT_EQ(count_of(x.r.err, "\n"), 1) << what << ": " << x.r.err;
+    EXPECT_EQ(x.r.err.rfind("memtrace-bpf: replay " + tmp + ": ", 0), 0u) << what << ": " << x.r.err;
+    EXPECT_NE(x.r.err.find(word), std::string::npos) << what << ": " << x.r.err;
+    EXPECT_EQ(x.offset, static_cast<long>(off)) << what << ": " << x.r.err;
+    ASSERT_TRUE(x.rep.is_object()) << what << ": " << x.r.out;
+    EXPECT_EQ(x.rep["replay"]["complete"], false) << what;
+    EXPECT_EQ(x.rep["replay"]["error_offset"], off) << what;
+    ASSERT_TRUE(x.summary.is_object()) << what << ": " << x.rep.dump();
+  };
+
+  // (a) Cut on record boundaries: after 2 rounds, after 5, and before the end record.
+  Replayed c2 = replay_bytes(tmp, data.substr(0, k2));
+  expect_stopped_at(c2, k2, "cut after 2 rounds", "truncated at offset");
+  Replayed c5 = replay_bytes(tmp, data.substr(0, k5));
+  expect_stopped_at(c5, k5, "cut after 5 rounds", "truncated at offset");
+  // Exactly what the target says 3 rounds do, between the two.
+  EXPECT_EQ(u(c5.proc, "allocs") - u(c2.proc, "allocs"), 3 * per.allocs);
+  EXPECT_EQ(u(c5.proc, "frees") - u(c2.proc, "frees"), 3 * per.frees);
+  EXPECT_EQ(u(c5.proc, "bytes_allocated") - u(c2.proc, "bytes_allocated"), 3 * per.bytes);
+  EXPECT_EQ(u(c5.proc, "failed_allocs") - u(c2.proc, "failed_allocs"), 3 * per.failed);
+  EXPECT_EQ(u(c5.proc, "in_use_blocks") - u(c2.proc, "in_use_blocks"), 3 * per.leaked_blocks);
+  EXPECT_EQ(u(c5.proc, "in_use_bytes") - u(c2.proc, "in_use_bytes"), 3 * per.leaked_bytes);
+  EXPECT_EQ(u(c5.proc, "mmap_bytes_direct") - u(c2.proc, "mmap_bytes_direct"), 3 * per.mmap_direct);
+  // And the leaks so far: the prologue's round and 2 rounds' leak_here blocks.
+  long leak_blocks = 0;
+  for (const auto& l : c2.proc["leaks"])
+    if (!l["stack"].empty() && l["stack"][0]["function"] == "leak_here") leak_blocks += l["blocks"].get<long>();
+  EXPECT_EQ(leak_blocks, 3) << c2.rep.dump();
+  // Without only the end record: every event, the live run's counts.
+  Replayed ce = replay_bytes(tmp, data.substr(0, end_off));
+  expect_stopped_at(ce, end_off, "cut before the end record", "truncated at offset");
+  EXPECT_EQ(ce.summary, (*lp)["summary"]);
+
+  // (a) Cut inside the header: nothing to report, exit 2, one line naming the offset.
+  for (size_t cut : {size_t{0}, size_t{10}, size_t{40}, size_t{100}, recs.front().off - 1}) {
+    Replayed h = replay_bytes(tmp, data.substr(0, cut));
+    EXPECT_EQ(h.r.code, 2) << cut << ": " << h.r.err;
+    EXPECT_EQ(count_of(h.r.err, "\n"), 1) << h.r.err;
+    EXPECT_NE(h.r.err.find("truncated header at offset " + std::to_string(cut)), std::string::npos) << h.r.err;
+    EXPECT_TRUE(h.r.out.empty()) << h.r.out;
+  }
+
+  // (a) Cut inside the record after round 2: in its header, in its payload,
+  // one byte short. The error names that record's offset; the report is the
+  // one of the 2 rounds, exactly.
+  const RecAt* next = nullptr;
+  for (const auto& r : recs)
+    if (r.off == k2) next = &r;
+  ASSERT_TRUE(next);
+  ASSERT_EQ(next->type, 1u) << "an events-ring record follows malloc(33)";
+  for (size_t cut : {k2 + 5, k2 + 12, k2 + 12 + next->len / 2, k2 + 12 + next->len - 1}) {
+    Replayed m = replay_bytes(tmp, data.substr(0, cut));
+    expect_stopped_at(m, k2, "cut at " + std::to_string(cut), "truncated record at offset");
+    EXPECT_EQ(m.summary, c2.summary) << cut;
+  }
+
+  // (b) Damaged bytes in that record: its type, its length, its payload's kind.
+  struct Damage {
+    const char* what;
+    std::function<void(std::string&)> apply;
+    const char* says;
+  };
+  const size_t kind_at = k2 + 12 + offsetof(mt_hdr, kind);
+  std::vector<Damage> damages = {
+      {"type 0x5b", [&](std::string& d) { put32(d, k2, 0x5b); }, "corrupt record at offset"},
+      {"type 0xffffffff", [&](std::string& d) { put32(d, k2, 0xffffffff); }, "corrupt record at offset"},
+      {"event as a process record", [&](std::string& d) { put32(d, k2, 2); }, "corrupt record at offset"},
+      {"event as a mappings record", [&](std::string& d) { put32(d, k2, 3); }, "not JSON"},
+      {"length 0xffffffff", [&](std::string& d) { put32(d, k2 + 4, 0xffffffff); }, "past the end of the file"},
+      {"length high byte", [&](std::string& d) { d[k2 + 7] ^= 0x40; }, "past the end of the file"},
+      {"length + 1", [&](std::string& d) { put32(d, k2 + 4, next->len + 1); }, "checksum mismatch"},
+      {"length - 8", [&](std::string& d) { put32(d, k2 + 4, next->len - 8); }, "checksum mismatch"},
+      {"length 0", [&](std::string& d) { put32(d, k2 + 4, 0); }, "checksum mismatch"},
+      {"payload kind", [&](std::string& d) { d[kind_at] ^= 0x11; }, "checksum mismatch"},
+      {"payload kind, checksum fixed",
+       [&](std::string& d) {
+         put32(d, kind_at, 0x77);
+         put32(d, k2 + 8, fnv1a(d.data() + k2 + 12, next->len));
+       },
+       "kind 119"},
+  };
+  if (next->len == sizeof(mt_event))  // a checksummed fork of the process into itself (the fuzzer's first find)
+    damages.push_back({"fork into itself",
+                       [&](std::string& d) {
+                         mt_event e;
+                         memcpy(&e, d.data() + k2 + 12, sizeof e);
+                         e.h.kind = MT_EV_FORK;
+                         e.addr = e.h.pid;
+                         memcpy(&d[k2 + 12], &e, sizeof e);
+                         put32(d, k2 + 8, fnv1a(d.data() + k2 + 12, next->len));
+                       },
+                       "fork record of pid"});
+  for (const auto& dm : damages) {
+    std::string bad = data;
+    dm.apply(bad);
+    Replayed x = replay_bytes(tmp, bad);
+    expect_stopped_at(x, k2, dm.what, dm.says);
+    EXPECT_EQ(x.summary, c2.summary) << dm.what;
+  }
+
+  // Bytes after the end record: the whole report, and an error naming where they start.
+  Replayed t = replay_bytes(tmp, data + "trailing junk");
+  expect_stopped_at(t, data.size(), "bytes after the end record", "after the end record");
+  EXPECT_EQ(t.summary, (*lp)["summary"]);
+
+  // Text report: the same error line, the report, where it stopped.
+  std::ofstream(tmp, std::ios::binary | std::ios::trunc) << data.substr(0, k2 + 5);
+  Result tx = run({"replay", tmp});
+  unlink(tmp.c_str());
+  EXPECT_EQ(tx.code, 1);
+  EXPECT_EQ(count_of(tx.err, "\n"), 1) << tx.err;
+  EXPECT_NE(tx.out.find("HEAP SUMMARY"), std::string::npos) << tx.out;
+  EXPECT_NE(tx.out.find("(incomplete: stopped at offset " + std::to_string(k2) + ")"), std::string::npos) << tx.out;
 }

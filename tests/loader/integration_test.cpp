@@ -296,6 +296,21 @@ TEST_F(Tracing, ExecStartsANewImageWithItsOwnSummary) {
   expect_no_losses(wrapped.report);
 }
 
+// A program whose name is not UTF-8 (names are bytes): valid JSON, the
+// bytes replaced, nothing lost (nlohmann's dump threw type_error 316).
+TEST_F(Tracing, NonUtf8NamesGiveValidJson) {
+  std::string odd = "/tmp/memtrace-test-" + std::to_string(getpid()) + "-\xff\xfe";
+  std::string cp = "cp " + target("alloc_rounds") + " '" + odd + "'";
+  ASSERT_EQ(system(cp.c_str()), 0);
+  ToolRun r = run_tool({"--", odd, "--rounds", "3"});
+  unlink(odd.c_str());
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(r.report.is_object()) << r.err;
+  PerRound per = parse_per_round(r.out);
+  ASSERT_EQ(r.report["processes"].size(), 1u) << r.report.dump();
+  EXPECT_GE(u(r.report["processes"][0], "allocs"), 3 * per.allocs);
+}
+
 TEST_F(Tracing, ForkedChildIsFollowed) {
   const long R = 30;
   ToolRun r = run_tool({"--", target("alloc_rounds"), "--fork", "--rounds", std::to_string(R)});
@@ -412,6 +427,15 @@ TEST_F(Tracing, BadInputGivesOneLineAndNonZeroExit) {
   ASSERT_EQ(stat(priv.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   unlink(priv.c_str());
+  // So is a recording (every stack, and with --dump-bytes memory contents).
+  std::string rec = tmpfile("rec");
+  Child rp = spawn({tool(), "--record", rec, "-o", "/dev/null", "--", "/bin/true"});
+  close(rp.in);
+  read_all(rp.err);
+  EXPECT_EQ(wait_exit(rp.pid), 0);
+  ASSERT_EQ(stat(rec.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  unlink(rec.c_str());
   // Not root.
   Child nr = spawn({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", tool(),
                     "--", "/bin/true"});
