@@ -105,6 +105,9 @@ class Tracer {
   struct memtrace_bpf* skel_ = nullptr;
   struct ring_buffer* rb_ = nullptr;
   struct ring_buffer* rb_events_ = nullptr;
+  Fd epoll_;                      // both rings' epoll fds
+  int consume();                  // drain both rings: records consumed, or -errno
+  int poll(int timeout_ms);       // wait for either ring, then consume()
   std::unique_ptr<Attacher> attacher_;
   std::unique_ptr<unwind::UnwindMaps> unwind_;  // null: frame pointers only
   void unwind_add(pid_t pid);
