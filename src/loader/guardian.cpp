@@ -4,17 +4,20 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 namespace memtrace::loader {
 namespace {
 
-constexpr int kSock = 3;  // the guardian's only descriptors: the socket, then the two maps
+constexpr int kSock = 3;  // the guardian's descriptors: the socket, a pidfd of the loader, then the three maps
 
 // SIGCONT to every tgid in the map. Entries stay: a second pass costs a
 // failed kill() at most, and an entry the BPF side added just before it saw
@@ -29,7 +32,37 @@ void resume_all(int stopped) {
   }
 }
 
-[[noreturn]] void guard() {
+// Is pid stopped (SIGSTOP: state T)? Read without allocating.
+bool is_stopped(uint32_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char* rp = strrchr(buf, ')');
+  return rp && rp[1] == ' ' && rp[2] == 'T';
+}
+
+// Every traced process (the targets map) found stopped: a stop whose record
+// the loader had already deleted when its SIGSTOP landed (sent from the
+// tracepoint through irq_work) is resumed too.
+void resume_stopped_targets(int targets) {
+  uint32_t key, next;
+  uint32_t* prev = nullptr;
+  for (int n = 0; n < 65536 && bpf_map_get_next_key(targets, prev, &next) == 0; n++) {
+    if (is_stopped(next)) kill(static_cast<pid_t>(next), SIGCONT);
+    key = next;
+    prev = &key;
+  }
+}
+
+[[noreturn]] void guard(pid_t loader) {
+  // Readable once the loader has exited (every fd closed, its BPF programs
+  // detached): after that nothing can stop a process any more.
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, loader, 0));
   setsid();  // not in the loader's terminal session: Ctrl-C and hangups are the loader's
   prctl(PR_SET_NAME, "memtrace-guard");
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2})
@@ -41,10 +74,15 @@ void resume_all(int stopped) {
   }
   int null = open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3; fd++) dup2(null, fd);
-  close_range(kSock + 1, ~0U, 0);
+  if (pidfd >= 0 && pidfd != kSock + 1) {
+    dup2(pidfd, kSock + 1);
+    close(pidfd);
+  }
+  pidfd = pidfd >= 0 ? kSock + 1 : -1;
+  close_range(kSock + 2, ~0U, 0);
 
   // The maps, or the loader's end of the socket closing first.
-  int fds[2] = {-1, -1};
+  int fds[3] = {-1, -1, -1};
   char byte;
   iovec iov{&byte, 1};
   alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof fds)];
@@ -62,12 +100,20 @@ void resume_all(int stopped) {
 
   while ((n = read(kSock, &byte, 1)) > 0 || (n < 0 && errno == EINTR)) {
   }
-  // The loader is gone.
+  // The loader is going: no stop from here on, and every process it
+  // stopped resumed, again while its programs may still run (a stop they
+  // decided on before loader_gone was set), and after it is gone.
   uint32_t zero = 0, one = 1;
   bpf_map_update_elem(fds[1], &zero, &one, BPF_ANY);
-  for (int us : {0, 20000, 200000}) {
+  resume_all(fds[0]);
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    for (int waited = 0; waited < 30000 && poll(&p, 1, 20) == 0; waited += 20) resume_all(fds[0]);
+  }
+  for (int us : {0, 20000, 100000, 200000}) {
     usleep(us);
     resume_all(fds[0]);
+    resume_stopped_targets(fds[2]);
   }
   _exit(0);
 }
@@ -77,6 +123,7 @@ void resume_all(int stopped) {
 Result<Guardian> Guardian::start() {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return Error::sys("guardian socketpair");
+  pid_t loader = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     int e = errno;
@@ -90,7 +137,7 @@ Result<Guardian> Guardian::start() {
       dup2(sv[1], kSock);  // clears CLOEXEC: not that anything is exec'd
       close(sv[1]);
     }
-    guard();
+    guard(loader);
   }
   close(sv[1]);
   Guardian g;
@@ -99,8 +146,8 @@ Result<Guardian> Guardian::start() {
   return g;
 }
 
-Result<void> Guardian::arm(int stopped_map_fd, int loader_gone_map_fd) {
-  int fds[2] = {stopped_map_fd, loader_gone_map_fd};
+Result<void> Guardian::arm(int stopped_map_fd, int loader_gone_map_fd, int targets_map_fd) {
+  int fds[3] = {stopped_map_fd, loader_gone_map_fd, targets_map_fd};
   char byte = 1;
   iovec iov{&byte, 1};
   alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof fds)] = {};

@@ -7,8 +7,9 @@
 // process. The guardian holds the two maps and one end of a socket whose
 // other end only the loader holds. When that end closes (the kernel closes it
 // whatever way the loader ends) the guardian sets `loader_gone` (no new
-// stops from then on), sends SIGCONT to every tgid left in `stopped`, and
-// exits.
+// stops from then on), sends SIGCONT to every tgid left in `stopped`, again
+// until the loader is gone and 320 ms after, and to every traced process
+// (`targets`) it finds stopped then; and exits.
 #pragma once
 #include <sys/types.h>
 
@@ -26,7 +27,7 @@ class Guardian {
   Guardian& operator=(Guardian&&) = default;
 
   // Hands it the maps, once they exist and before anything can be stopped.
-  Result<void> arm(int stopped_map_fd, int loader_gone_map_fd);
+  Result<void> arm(int stopped_map_fd, int loader_gone_map_fd, int targets_map_fd);
   pid_t pid() const { return pid_; }
 
  private:

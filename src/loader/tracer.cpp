@@ -256,7 +256,9 @@ Result<void> Tracer::load() {
   if (int err = memtrace_bpf__load(skel_); err) return Error::msg(load_failure(-err));
   // Before any program is attached: from here on, a process can be stopped.
   if (guardian_)
-    if (auto r = guardian_->arm(bpf_map__fd(skel_->maps.stopped), bpf_map__fd(skel_->maps.loader_gone)); !r)
+    if (auto r = guardian_->arm(bpf_map__fd(skel_->maps.stopped), bpf_map__fd(skel_->maps.loader_gone),
+                                bpf_map__fd(skel_->maps.targets));
+        !r)
       return r;
   bpf_program__set_autoattach(skel_->progs.mt_alloc_enter, false);
   bpf_program__set_autoattach(skel_->progs.mt_alloc_exit, false);
@@ -328,6 +330,16 @@ uint32_t Tracer::image_of(pid_t pid) {
 
 void Tracer::resume(pid_t pid) {
   if (!stopped_.count(pid)) return;
+  // bpf_send_signal from a tracepoint (preemption off) sends the SIGSTOP
+  // through irq_work, which may run after we read the record: a SIGCONT
+  // before it lands is undone by it and the process stays stopped for good
+  // (1 in ~150 launches of an exec storm on a loaded machine). Wait until
+  // the stop is in effect (or the process is gone), 200 ms at most.
+  for (int i = 0; i < 2000; i++) {
+    char st = process_state(pid);
+    if (st == 'T' || st == 't' || st == 0 || st == 'Z' || st == 'X') break;
+    usleep(100);
+  }
   kill(pid, SIGCONT);
   forget_stopped(pid);  // after the kill: a loader killed in between leaves one more SIGCONT to the guardian
 }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "harness.h"
 #include "test_env.h"
@@ -48,7 +49,30 @@ std::vector<Task> tasks_named(const std::set<std::string>& comms) {
 void expect_none_stopped(const std::set<std::string>& comms, const std::string& when) {
   for (const Task& t : tasks_named(comms))
     if (t.state == 'T') {
-      ADD_FAILURE() << "pid " << t.pid << " (" << t.comm << ") left stopped " << when;
+      std::ifstream st("/proc/" + std::to_string(t.pid) + "/status");
+      std::string line, sig;
+      while (std::getline(st, line))
+        if (line.rfind("SigPnd", 0) == 0 || line.rfind("ShdPnd", 0) == 0 || line.rfind("PPid", 0) == 0)
+          sig += " " + line;
+      std::ifstream ss("/proc/" + std::to_string(t.pid) + "/stat");
+      std::string stat;
+      std::getline(ss, stat);
+      double up = 0;
+      std::ifstream("/proc/uptime") >> up;
+      long start = 0;
+      {
+        std::istringstream is(stat.substr(stat.rfind(')') + 2));
+        std::string f;
+        for (int i = 3; i <= 22 && is >> f; i++)
+          if (i == 22) start = std::stol(f);
+      }
+      for (const char* f : {"syscall", "stack", "wchan"}) {
+        std::ifstream x("/proc/" + std::to_string(t.pid) + "/" + f);
+        std::string all((std::istreambuf_iterator<char>(x)), std::istreambuf_iterator<char>());
+        sig += std::string(" ") + f + ": " + all;
+      }
+      ADD_FAILURE() << "pid " << t.pid << " (" << t.comm << ") left stopped " << when << "; started "
+                    << (up - start / double(sysconf(_SC_CLK_TCK))) << " s ago;" << sig;
       kill(t.pid, SIGCONT);
     }
 }
