@@ -67,6 +67,31 @@ std::set<std::string> still_loaded(const std::set<std::string>& ids) {
   return left;
 }
 
+// alloc_rounds --fork: the parent's and the child's (exit code 7) entries.
+std::pair<const json*, const json*> fork_pair(const json& rep) {
+  const json* parent = nullptr;
+  const json* child = nullptr;
+  for (const auto& p : rep["processes"]) {
+    if (p["comm"] != "alloc_rounds") continue;
+    (p["exit_code"] == 7 ? child : parent) = &p;
+  }
+  return {parent, child};
+}
+
+// Permission bits of the file memtrace-bpf ARGS -- /bin/true writes at `file`.
+unsigned mode_of_output(std::vector<std::string> args, const std::string& file) {
+  args.insert(args.begin(), tool());
+  args.insert(args.end(), {"--", "/bin/true"});
+  Child c = spawn(args);
+  close(c.in);
+  read_all(c.err);
+  EXPECT_EQ(wait_exit(c.pid), 0);
+  struct stat st {};
+  unsigned mode = stat(file.c_str(), &st) == 0 ? st.st_mode & 0777 : ~0u;
+  unlink(file.c_str());
+  return mode;
+}
+
 class Tracing : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -316,13 +341,7 @@ TEST_F(Tracing, ForkedChildIsFollowed) {
   ToolRun r = run_tool({"--", target("alloc_rounds"), "--fork", "--rounds", std::to_string(R)});
   ASSERT_EQ(r.code, 0) << r.err;
   PerRound per = parse_per_round(r.out);
-  const json* child = nullptr;
-  const json* parent = nullptr;
-  for (const auto& p : r.report["processes"]) {
-    if (p["comm"] != "alloc_rounds") continue;
-    if (p["exit_code"] == 7) child = &p;
-    else parent = &p;
-  }
+  auto [parent, child] = fork_pair(r.report);
   ASSERT_TRUE(child && parent) << r.report.dump();
   EXPECT_EQ((*child)["ppid"], (*parent)["pid"]);
   // The child's own calls, counted from its first instruction.
@@ -341,12 +360,7 @@ TEST_F(Tracing, ForkedChildInheritsExactlyTheBlocksLiveAtTheFork) {
     ToolRun r = run_tool({"--", target("alloc_rounds"), "--fork", "--rounds", std::to_string(R)});
     ASSERT_EQ(r.code, 0) << r.err;
     PerRound per = parse_per_round(r.out);
-    const json* child = nullptr;
-    const json* parent = nullptr;
-    for (const auto& p : r.report["processes"]) {
-      if (p["comm"] != "alloc_rounds") continue;
-      (p["exit_code"] == 7 ? child : parent) = &p;
-    }
+    auto [parent, child] = fork_pair(r.report);
     ASSERT_TRUE(child && parent) << r.report.dump();
     // After the fork, each leaks R rounds' blocks and frees none from before.
     long parent_at_fork = u(*parent, "in_use_blocks") - R * per.leaked_blocks;
@@ -419,23 +433,10 @@ TEST_F(Tracing, BadInputGivesOneLineAndNonZeroExit) {
   unlink(target_file.c_str());
   // A report with memory contents (--dump-bytes) is readable by its owner only.
   std::string priv = tmpfile("priv");
-  Child dp = spawn({tool(), "--dump-bytes", "16", "-o", priv, "--", "/bin/true"});
-  close(dp.in);
-  read_all(dp.err);
-  EXPECT_EQ(wait_exit(dp.pid), 0);
-  struct stat st {};
-  ASSERT_EQ(stat(priv.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
-  unlink(priv.c_str());
+  EXPECT_EQ(mode_of_output({"--dump-bytes", "16", "-o", priv}, priv), 0600u);
   // So is a recording (every stack, and with --dump-bytes memory contents).
   std::string rec = tmpfile("rec");
-  Child rp = spawn({tool(), "--record", rec, "-o", "/dev/null", "--", "/bin/true"});
-  close(rp.in);
-  read_all(rp.err);
-  EXPECT_EQ(wait_exit(rp.pid), 0);
-  ASSERT_EQ(stat(rec.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
-  unlink(rec.c_str());
+  EXPECT_EQ(mode_of_output({"--record", rec, "-o", "/dev/null"}, rec), 0600u);
   // Not root.
   Child nr = spawn({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", tool(),
                     "--", "/bin/true"});
