@@ -45,6 +45,7 @@ std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const A
     report::FrameOut f;
     f.address = addr;
     f.module = s.module;
+    f.module_offset = s.module_offset;
     f.unknown = symbolize::to_string(s.unknown);
     out.push_back(f);
     return out;

@@ -36,6 +36,8 @@ std::string describe(const FrameOut& f) {
     if (!f.inlined && f.offset) s += "+" + hex(f.offset);
   } else {
     s += "??";
+    // Where it is, so that it can be symbolized later: "?? (git+0x6a3f2)".
+    if (!f.module.empty()) s += " (" + f.module.substr(f.module.rfind('/') + 1) + "+" + hex(f.module_offset) + ")";
   }
   if (!f.file.empty()) s += " (" + f.file + ":" + std::to_string(f.line) + ")";
   if (f.inlined) s += " [inlined]";
@@ -69,6 +71,7 @@ nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pi
     }
     if (f.inlined) jf["inlined"] = true;
     if (!f.unknown.empty()) jf["unknown"] = f.unknown;
+    if (f.function.empty() && !f.module.empty()) jf["module_offset"] = hex(f.module_offset);
     stack.push_back(std::move(jf));
   }
   return stack;

@@ -20,6 +20,7 @@ struct FrameOut {
   std::string function;  // "" if unknown
   uint64_t offset = 0;
   std::string module;
+  uint64_t module_offset = 0;  // file offset of address in module (unknown frames)
   std::string file;
   int line = 0;
   int column = 0;  // 0: unknown

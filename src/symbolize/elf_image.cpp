@@ -217,6 +217,8 @@ Result<void> ElfImage::init() {
       if (sh.sh_type != SHT_NOBITS && sh.sh_size > 0) has_dwarf_ = true;
     }
     if (!std::strcmp(name, ".text") && sh.sh_type == SHT_NOBITS) debug_only_ = true;
+    if (!std::strcmp(name, ".gnu_debugdata") && sh.sh_type == SHT_PROGBITS && sh.sh_size > 0)
+      gnu_debugdata_ = scn;
     if (sh.sh_type == SHT_NOTE && build_id_.empty() && sh.sh_type != SHT_NOBITS)
       build_id_ = build_id_from_notes(elf_getdata(scn, nullptr));
     if (!std::strcmp(name, ".gnu_debuglink") && sh.sh_type == SHT_PROGBITS) {
@@ -240,6 +242,13 @@ Result<void> ElfImage::init() {
     }
   }
   return {};
+}
+
+std::string_view ElfImage::gnu_debugdata() const {
+  if (!gnu_debugdata_) return {};
+  Elf_Data* d = elf_rawdata(gnu_debugdata_, nullptr);
+  if (!d || !d->d_buf) return {};
+  return {static_cast<const char*>(d->d_buf), d->d_size};
 }
 
 std::optional<uint64_t> ElfImage::offset_to_vaddr(uint64_t off) const {

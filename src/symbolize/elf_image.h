@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/fd.h"
@@ -72,6 +73,9 @@ class ElfImage {
   bool has_dwarf() const { return has_dwarf_; }     // .debug_info present (maybe compressed)
   bool has_symtab() const { return has_symtab_; }
   bool is_debug_only() const { return debug_only_; }  // code sections are NOBITS (a .debug file)
+  // The raw bytes of .gnu_debugdata (MiniDebugInfo: an xz-compressed ELF
+  // holding .symtab), empty if none. Valid while the image lives.
+  std::string_view gnu_debugdata() const;
 
   // File offset inside a PT_LOAD -> link-time vaddr. Covers the page-aligned
   // head of a segment too (a mapping starts at p_offset rounded down).
@@ -102,6 +106,7 @@ class ElfImage {
   std::vector<LoadSegment> loads_;
   std::vector<std::pair<uint64_t, uint64_t>> code_sections_;  // [addr, end)
   bool has_dwarf_ = false, has_symtab_ = false, debug_only_ = false;
+  Elf_Scn* gnu_debugdata_ = nullptr;
 };
 
 std::string hex(const std::string& bytes);

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "symbolize/minidebuginfo.h"
+
 namespace memtrace::symbolize {
 
 std::string demangle(const std::string& name) {
@@ -26,6 +28,10 @@ void Module::load(DebugFinder& finder, const Options& opts) {
   if (want_dwarf || !img_->has_symtab()) debug_ = finder.find(*img_, dir_, logical_dir_);
   img_->collect_symbols(symbols_, true, true);
   if (debug_) debug_->collect_symbols(symbols_, true, false);
+  // MiniDebugInfo: the static functions' symbols of a stripped binary, when
+  // no debug file brought a .symtab. A bad section only loses those names.
+  if (!img_->has_symtab() && !(debug_ && debug_->has_symtab()))
+    if (auto mini = open_minidebuginfo(*img_); mini && *mini) (*mini)->collect_symbols(symbols_, true, false);
   symbols_.finish();
   if (opts.dwarf) {
     if (img_->has_dwarf()) dwarf_ = DwarfIndex::create(*img_);
@@ -43,9 +49,14 @@ const ModuleLookup& Module::lookup(uint64_t vaddr, DebugFinder& finder, const Op
   load(finder, opts);
   ModuleLookup res;
   const SymbolEntry* sym = symbols_.find(vaddr);
-  // A symbol that does not cover vaddr by its size reaches no further than
-  // its code section (_init must not swallow .plt).
-  if (sym && vaddr - sym->addr >= sym->size && vaddr >= img_->exec_end(sym->addr)) sym = nullptr;
+  // A symbol names only the bytes its st_size covers: past them (a stripped
+  // binary's static functions, after a .dynsym export) the address is unknown,
+  // not "export+0x6228" (addr2line -f says ?? too). A size-less symbol
+  // (hand-written assembly) reaches no further than its code section (_init
+  // must not swallow .plt).
+  if (sym && vaddr - sym->addr >= sym->size &&
+      (sym->size > 0 || vaddr >= img_->exec_end(sym->addr)))
+    sym = nullptr;
   std::vector<DwarfFrame> df;
   auto dm = [&](const std::string& n) { return opts.demangle ? demangle(n) : n; };
   if (dwarf_ && dwarf_->lookup(vaddr, df) && !df.empty()) {

@@ -165,8 +165,12 @@ CompareStats compare_with_addr2line(const std::string& syms_file, const std::str
       }
     };
     bool b_unknown = b.size() == 1 && b[0].function == "??" && b[0].line == "?";
+    // binutils names the padding after a function by it, past its st_size;
+    // elfutils (and we) say ?? there.
+    bool e_noname = std::any_of(e.begin(), e.end(), [](const RefFrame& f) { return f.function == "??"; });
     if (s.unknown != Unknown::None) {
-      if (!b_unknown && !(b.size() == 1 && b[0].function == "??")) fail(std::string("unknown: ") + to_string(s.unknown));
+      if (e_noname && !b_unknown) ++st.via_elfutils;
+      else if (!b_unknown && !(b.size() == 1 && b[0].function == "??")) fail(std::string("unknown: ") + to_string(s.unknown));
       continue;
     }
     if (s.frames.size() != b.size()) {
@@ -179,7 +183,7 @@ CompareStats compare_with_addr2line(const std::string& syms_file, const std::str
       const RefFrame* ef = (e.size() == b.size()) ? &e[i] : nullptr;
       std::string fn = f.function.empty() ? "??" : f.function;
       if (fn != b[i].function) {
-        if (ef && fn == ef->function) ++st.via_elfutils;
+        if ((ef && fn == ef->function) || (fn == "??" && e_noname)) ++st.via_elfutils;
         else if (names.count(fn) && ef && ef->function == b[i].function) ++st.via_symbol;
         else {
           fail("function #" + std::to_string(i));
@@ -587,5 +591,138 @@ TEST(Hostile, TruncatedAndCorruptedFilesNeverCrash) {
     fs::remove(p);
   }
   EXPECT_EQ(answered, 120u * addrs.size());
+  fs::remove_all(d);
+}
+
+// ---- stripped binaries, MiniDebugInfo ------------------------------------------
+
+namespace {
+// Every .text address of `file` (loaded at bias 0, ELF symbols only): our
+// function name, "??" when unknown (checking that an unknown frame still says
+// where it is: its module and file offset).
+std::map<uint64_t, std::string> names_of(const std::string& file, const std::vector<uint64_t>& addrs,
+                                         size_t* unknown = nullptr) {
+  Options o;
+  o.dwarf = false;
+  o.debug_root = "/nonexistent";
+  Symbolizer sym(o);
+  AddressSpace as;
+  EXPECT_TRUE(sym.add_file(as, file, 0).ok()) << file;
+  std::map<uint64_t, std::string> out;
+  for (uint64_t a : addrs) {
+    const Symbolized& s = sym.symbolize(as, a, false);
+    if (s.unknown != Unknown::None) {
+      EXPECT_EQ(s.unknown, Unknown::NoSymbols) << std::hex << a;
+      EXPECT_EQ(s.module, file);
+      EXPECT_EQ(s.module_offset, a) << "file offset of a .text address (text is at offset == vaddr)";
+      if (unknown) ++*unknown;
+      out[a] = "??";
+    } else {
+      EXPECT_EQ(s.frames.size(), 1u);
+      out[a] = s.frames.front().function;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// A stripped binary names an address only where a .dynsym symbol covers it by
+// its size; elsewhere (static functions) it is unknown, as eu-addr2line says,
+// never "export+0x1234". Debian's git (stripped, scripts/deps.txt) is issue
+// 18's case: "error+0x6228" where error is 188 bytes long.
+TEST(Stripped, AddressOutsideEverySymbolIsUnknown) {
+  std::string d = tmpdir();
+  if (!fs::exists("/usr/bin/git")) MEMTRACE_SKIP_OR_FAIL("no /usr/bin/git (scripts/deps.txt)");
+  for (std::string src : {kFx + "/libfxlib.so", std::string("/usr/bin/git")}) {
+    std::string stripped = d + "/" + fs::path(src).filename().string() + ".stripped";
+    ASSERT_EQ(std::system(("strip --strip-all -o '" + stripped + "' '" + src + "'").c_str()), 0);
+    auto addrs = text_addresses(src, 800);
+    size_t unknown = 0;
+    auto ours = names_of(stripped, addrs, &unknown);
+    auto eu = oracle("eu-addr2line", stripped, addrs);
+    // Addresses past the end of the exported function before them: what a
+    // nearest-symbol lookup would name wrongly.
+    std::map<uint64_t, uint64_t> dyn;  // start -> end
+    for (auto& l : lines(run("nm -D -S --defined-only '" + stripped + "' | awk '$3 ~ /[Tt]/ {print $1, $2}'"))) {
+      std::istringstream in(l);
+      std::string a, z;
+      if (in >> a >> z) dyn[std::stoull(a, nullptr, 16)] = std::stoull(a, nullptr, 16) + std::stoull(z, nullptr, 16);
+    }
+    size_t named = 0, past_end = 0;
+    for (uint64_t a : addrs) {
+      std::string ref = eu[a].empty() ? "?" : eu[a][0].function;
+      EXPECT_EQ(ours[a], ref) << src << std::hex << " at 0x" << a;
+      named += ours[a] != "??";
+      auto it = dyn.upper_bound(a);
+      past_end += it != dyn.begin() && a >= std::prev(it)->second;
+    }
+    EXPECT_GT(unknown, 20u) << src << ": the fixture has static functions";
+    EXPECT_GT(past_end, 0u) << src << ": some addresses lie past an exported function";
+    std::printf("[ stripped ] %s: %zu addresses, %zu named by .dynsym, %zu unknown (%zu past an exported function's end)\n",
+                stripped.c_str(), addrs.size(), named, unknown, past_end);
+  }
+  fs::remove_all(d);
+}
+
+// .gnu_debugdata made as Fedora makes it: every function named as with the
+// full .symtab (same name, same offset), names .dynsym lacks included.
+TEST(MiniDebugInfo, SymbolsAsFromTheFullSymtab) {
+  std::string d = tmpdir();
+  for (std::string src : {kFx + "/libfxlib.so", kFx + "/fx_O2_pie"}) {
+    std::string mini = d + "/" + fs::path(src).filename().string() + ".mini";
+    ASSERT_EQ(std::system((std::string(FX_SRC_DIR) + "/make_minidebuginfo.sh '" + src + "' '" + mini + "'").c_str()), 0);
+    ASSERT_EQ(run("readelf -S '" + mini + "' | grep -c '\\.symtab'"), "0\n") << "stripped";
+    auto addrs = text_addresses(src);
+    size_t unknown_full = 0, unknown_mini = 0;
+    auto full = names_of(src, addrs, &unknown_full);
+    auto got = names_of(mini, addrs, &unknown_mini);
+    EXPECT_EQ(got, full) << src;
+    EXPECT_EQ(unknown_mini, unknown_full);
+    // Independently: elfutils reads .gnu_debugdata too.
+    auto eu = oracle("eu-addr2line", mini, addrs);
+    size_t checked = 0;
+    for (uint64_t a : addrs)
+      if (!eu[a].empty() && eu[a][0].function != "??") {
+        EXPECT_EQ(got[a], eu[a][0].function) << std::hex << "0x" << a;
+        ++checked;
+      }
+    EXPECT_GT(checked, addrs.size() / 2);
+  }
+  // A static function that only MiniDebugInfo names.
+  Options o;
+  o.debug_root = "/nonexistent";
+  Symbolizer sym(o);
+  AddressSpace as;
+  ASSERT_TRUE(sym.add_file(as, d + "/libfxlib.so.mini", 0).ok());
+  auto apply = run("nm '" + kFx + "/libfxlib.so' | awk '/apply/ {print $1}'");
+  ASSERT_FALSE(apply.empty());
+  const Symbolized& s = sym.symbolize(as, std::stoull(apply, nullptr, 16) + 4, false);
+  ASSERT_EQ(s.unknown, Unknown::None);
+  EXPECT_EQ(s.frames.front().function,
+            "int fxlib::apply<fxlib_work::{lambda(int)#1}>(fxlib_work::{lambda(int)#1}, int) [clone .constprop.0]");
+  EXPECT_EQ(s.frames.front().offset, 4u);
+  fs::remove_all(d);
+}
+
+// A .gnu_debugdata that is not xz, or is truncated: only its names are lost.
+TEST(MiniDebugInfo, BadSectionLosesOnlyItsNames) {
+  std::string d = tmpdir();
+  std::string src = kFx + "/libfxlib.so", mini = d + "/mini.so";
+  ASSERT_EQ(std::system((std::string(FX_SRC_DIR) + "/make_minidebuginfo.sh '" + src + "' '" + mini + "'").c_str()), 0);
+  auto addrs = text_addresses(src);
+  std::string stripped = d + "/stripped.so";
+  ASSERT_EQ(std::system(("strip --strip-all -o '" + stripped + "' '" + src + "'").c_str()), 0);
+  auto want = names_of(stripped, addrs);
+  std::ofstream(d + "/junk", std::ios::binary) << std::string(4096, 'x');
+  std::string xz = d + "/dd.xz", trunc = d + "/dd.trunc";
+  ASSERT_EQ(std::system(("objcopy --dump-section .gnu_debugdata='" + xz + "' '" + mini + "'").c_str()), 0);
+  fs::copy_file(xz, trunc);
+  fs::resize_file(trunc, fs::file_size(xz) / 2);
+  for (std::string bad : {d + "/junk", trunc}) {
+    std::string f = d + "/bad.so";
+    fs::remove(f);
+    ASSERT_EQ(std::system(("objcopy --update-section .gnu_debugdata='" + bad + "' '" + mini + "' '" + f + "'").c_str()), 0);
+    EXPECT_EQ(names_of(f, addrs), want) << bad;
+  }
   fs::remove_all(d);
 }

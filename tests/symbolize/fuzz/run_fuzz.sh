@@ -14,12 +14,16 @@ if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/tests/symbolize/fuzz" -newer "
     -I"$src/src" -o "$stamp.tmp" \
     "$src/tests/symbolize/fuzz/fuzz_symbolize.cpp" \
     "$sym/symbolize.cpp" "$sym/proc_maps.cpp" "$sym/elf_image.cpp" "$sym/dwarf_index.cpp" \
-    "$sym/debug_finder.cpp" "$sym/module.cpp" -ldw -lelf
+    "$sym/debug_finder.cpp" "$sym/module.cpp" "$sym/minidebuginfo.cpp" \
+    -ldw -lelf -llzma
   mv "$stamp.tmp" "$stamp"
 fi
 # Seeds: small real ELF files (executables, a shared object, debug-only files).
+# A shared object with MiniDebugInfo (.gnu_debugdata), made as Fedora does.
+[ -f "$fx/libfxlib.so" ] && "$src/tests/symbolize/fixtures/make_minidebuginfo.sh" "$fx/libfxlib.so" \
+  "$build/libfxlib.mini.so" || true
 for f in /usr/bin/true /usr/lib/x86_64-linux-gnu/libdl.so.2 "$fx/libfxlib.so" "$fx/fx_O0_pie" \
-         "$fx/fx_bid" "$fx/.debug/fx_dl.debug"; do
+         "$fx/fx_bid" "$fx/.debug/fx_dl.debug" "$build/libfxlib.mini.so"; do
   [ -f "$f" ] && cp -f "$f" "$build/corpus/seed_$(basename "$f")" || true
 done
 cd "$build"
