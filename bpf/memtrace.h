@@ -204,7 +204,7 @@ enum mt_rbp_rule {
 };
 
 /* One row of a file's table: applies from pc to the next row's pc. Rows of
- * one file are contiguous in the rows array and sorted by pc; pc is
+ * one file are consecutive in the row space (unwind_shards) and sorted by pc; pc is
  * relative to the table base (row pc = ELF vaddr - base), so 32 bits.
  * 8 bytes (an array map strides values by 8): offsets are stored divided
  * by 8 (x86-64 frames move rsp by pushes and 8-aligned subs); a value that
@@ -218,10 +218,15 @@ struct mt_unwind_row {
 #define MT_ROW_CFA(r) ((r)->kind & 15)
 #define MT_ROW_RBP(r) ((r)->kind >> 4)
 
-/* Rows array size (entries; the loader may change it with
- * bpf_map__set_max_entries before load). 8 bytes each: 1M rows = 8 MiB,
- * enough for python3 + its libraries several times over. */
-#define MT_UNWIND_MAX_ROWS (1u << 20)
+/* Rows live in shards of 2^MT_UNWIND_SHARD_BITS rows (2 MiB), added by
+ * the loader as files need them: no fixed global limit; the loader caps
+ * their sum (--unwind-mb). Global row numbers are 32 bits. */
+#define MT_UNWIND_SHARD_BITS 18
+#define MT_UNWIND_SHARD_MASK ((1u << MT_UNWIND_SHARD_BITS) - 1)
+#define MT_UNWIND_MAX_SHARDS 8192 /* 16 GiB of rows: the 32-bit row space / 2 */
+/* Rows of one file: at most 2^MT_UNWIND_ROW_BITS (the BPF binary search's
+ * steps; 16M rows, 128 MiB). */
+#define MT_UNWIND_ROW_BITS 24
 /* Executable mappings per process (binary search mask: power of 2). */
 #define MT_UNWIND_MAX_MAPPINGS 256
 /* Processes with tables (hash, not preallocated). */
@@ -233,7 +238,7 @@ struct mt_unwind_mapping {
 	__u64 start;
 	__u64 end;
 	__u64 bias;
-	__u32 first_row;
+	__u32 first_row; /* global row number (shard << MT_UNWIND_SHARD_BITS | index) */
 	__u32 nr_rows;
 };
 

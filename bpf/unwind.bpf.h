@@ -1,16 +1,16 @@
 /* CFI unwinding of user stacks (issue 5). Included by stack.bpf.h.
  *
  * User space (src/unwind) turns each executable file's .eh_frame/.debug_frame
- * into pc-sorted rows (struct mt_unwind_row, bpf/memtrace.h) in unwind_rows,
- * and records per process the executable mappings and which rows they use
+ * into pc-sorted rows (struct mt_unwind_row, bpf/memtrace.h) in the shards
+ * of unwind_shards, and records per process the executable mappings and which rows they use
  * (unwind_procs). Here, per frame: find the mapping of the pc (binary search
  * over the process's mappings), find the row (binary search over the file's
  * rows), compute the CFA, read the return address at CFA-8 and the caller's
  * rbp where the row says it was saved. No row for a pc: frame-pointer step.
  * Frames are walked by bpf_loop, so the verifier sees one step.
  *
- * Loader side: skel->maps.unwind_rows (BPF_F_MMAPABLE array, written through
- * mmap), skel->maps.unwind_procs; see src/unwind/unwind_maps.h.
+ * Loader side: skel->maps.unwind_shards (BPF_F_MMAPABLE arrays, written
+ * through mmap), skel->maps.unwind_procs; see src/unwind/unwind_maps.h.
  */
 #ifndef MT_UNWIND_BPF_H
 #define MT_UNWIND_BPF_H
@@ -24,13 +24,30 @@ static __always_inline __u64 mt_hash_step(__u64 h, __u64 ip)
 	return h ^ (h >> 29);
 }
 
-struct {
+/* The rows of every file, in shards: row i is entry i & MT_UNWIND_SHARD_MASK
+ * of the array map in slot i >> MT_UNWIND_SHARD_BITS of unwind_shards. A
+ * file's rows are consecutive (they may cross shards). The loader adds
+ * shards as files need them (each addition of a map to a map-in-map waits
+ * for an RCU grace period, ~7 ms here, so shards are big and few, and the
+ * first ones are added before anything is attached) and drops empty ones;
+ * no fixed global row limit: libLLVM alone has ~2M rows. */
+/* Sizes, not BTF types: a shard the loader creates has no BTF, and kernels
+ * before 6.2 compare the inner maps' BTF-derived fields (timer_off) with
+ * the template's, so a template with BTF made every insertion EINVAL (6.1). */
+struct mt_rows_shard {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MT_UNWIND_MAX_ROWS);
+	__uint(max_entries, 1u << MT_UNWIND_SHARD_BITS);
 	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct mt_unwind_row));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MT_UNWIND_MAX_SHARDS);
 	__type(key, __u32);
-	__type(value, struct mt_unwind_row);
-} unwind_rows SEC(".maps");
+	__array(values, struct mt_rows_shard);
+} unwind_shards SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -340,7 +357,7 @@ static __always_inline int mt_uread16_fast(struct mt_unwind_win *w, __u64 addr,
 const volatile __u32 unwind_disabled = 0;
 
 /* Binary-search bounds: log2 of the most rows of one file / mappings. */
-#define MT_UNWIND_ROW_STEPS 24
+#define MT_UNWIND_ROW_STEPS (MT_UNWIND_ROW_BITS + 1)
 #define MT_UNWIND_MAP_STEPS 9 /* > log2(MT_UNWIND_MAX_MAPPINGS) */
 
 
@@ -439,6 +456,17 @@ struct mt_bsearch {
 	struct mt_unwind_proc *proc;
 };
 
+/* Row idx (global); null if its shard is not there. */
+static __always_inline struct mt_unwind_row *mt_row(__u32 idx)
+{
+	__u32 shard = idx >> MT_UNWIND_SHARD_BITS, i = idx & MT_UNWIND_SHARD_MASK;
+	void *rows = bpf_map_lookup_elem(&unwind_shards, &shard);
+
+	if (!rows)
+		return 0;
+	return bpf_map_lookup_elem(rows, &i);
+}
+
 static long mt_bsearch_map_step(__u64 i, void *arg)
 {
 	struct mt_bsearch *b = arg;
@@ -463,7 +491,7 @@ static long mt_bsearch_row_step(__u64 i, void *arg)
 	if (b->lo >= b->hi)
 		return 1;
 	mid = b->lo + (b->hi - b->lo) / 2;
-	r = bpf_map_lookup_elem(&unwind_rows, &mid);
+	r = mt_row(mid);
 	if (!r) {
 		b->lo = 0;
 		b->hi = 0;
@@ -509,7 +537,7 @@ static __always_inline int mt_unwind_find_row(struct mt_unwind_proc *proc, __u64
 	if (b.lo <= first)
 		return -1;
 	idx = b.lo - 1;
-	r = bpf_map_lookup_elem(&unwind_rows, &idx);
+	r = mt_row(idx);
 	if (!r)
 		return -1;
 	*row = *r;

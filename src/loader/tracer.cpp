@@ -237,7 +237,7 @@ Result<void> Tracer::load() {
 
   bool cfi = o_.stacks && o_.cfi;
   skel_->rodata->unwind_disabled = !cfi;
-  if (!cfi) bpf_map__set_max_entries(skel_->maps.unwind_rows, 1);
+  if (!cfi) bpf_map__set_max_entries(skel_->maps.unwind_shards, 1);
   {
     // The walk memo is per CPU: up to 1024 entries, within 32 MiB in all
     // (1024 on up to ~24 CPUs, 256 on 64, 16 at the least).
@@ -289,8 +289,8 @@ Result<void> Tracer::load() {
     }
   attacher_ = std::make_unique<Attacher>(std::move(enter), skel_->progs.mt_alloc_exit, attach_mode_, o_.allocator);
   if (cfi) {
-    auto u = unwind::UnwindMaps::create(skel_->maps.unwind_rows, skel_->maps.unwind_procs,
-                                        skel_->maps.unwind_epoch);
+    auto u = unwind::UnwindMaps::create(skel_->maps.unwind_shards, skel_->maps.unwind_procs,
+                                        skel_->maps.unwind_epoch, o_.unwind_mb << 20);
     if (!u) return u.error();
     unwind_ = std::move(*u);
   }
@@ -637,6 +637,12 @@ report::Drops Tracer::drops() {
     d.stats["unwind_table_bytes"] = us.map_bytes;
     d.stats["unwind_files"] = us.files;
     d.stats["unwind_rows"] = us.rows;
+    d.stats["unwind_table_peak_bytes"] = us.peak_bytes;
+    d.stats["unwind_shards"] = us.shards;
+    d.stats["unwind_files_kept"] = us.files_kept;
+    d.stats["unwind_table_build_ms"] = static_cast<uint64_t>(us.build_ms + 0.5);
+    d.stats["unwind_table_load_ms"] = static_cast<uint64_t>(us.load_ms + 0.5);
+    d.dropped["unwind_table_over_cap"] = us.over_cap;
     d.dropped["unwind_table_failed"] = us.failed;
     d.stats["unwind_process_gone"] = unwind_gone_;
   }

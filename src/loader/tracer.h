@@ -43,6 +43,7 @@ struct Options {
   bool cfi = true;                   // --unwind cfi (default) | fp
   AllocatorChoice allocator;         // -O / -S
   size_t ringbuf_mb = 64;
+  size_t unwind_mb = 512;  // cap on the unwind tables in the kernel
   std::vector<std::string> symbol_dirs;
   bool dwarf = true;
   bool explain_probes = false;

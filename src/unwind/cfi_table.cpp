@@ -577,6 +577,7 @@ Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what) {
   if (elf_getshdrstrndx(elf, &shstrndx) != 0) return Error::msg("section names " + what + ": " + elf_errmsg(-1));
 
   CfiTable t;
+  t.path = what;
   t.build_id = read_build_id(elf);
   size_t nph = 0;
   if (elf_getphdrnum(elf, &nph) == 0) {

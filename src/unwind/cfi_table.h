@@ -37,6 +37,7 @@ struct CfiTable {
   uint64_t base = 0;                  // row pc = ELF vaddr - base
   std::vector<mt_unwind_row> rows;    // sorted by pc, consecutive duplicates merged
   std::string build_id;               // hex, "" if none
+  std::string path;                   // the file it was built from (messages)
   std::vector<LoadSegment> segments;  // PT_LOAD
   // Statistics of the build.
   size_t fdes = 0;                    // FDEs used

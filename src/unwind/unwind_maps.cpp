@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -38,44 +39,91 @@ Result<std::vector<ProcMapping>> read_proc_maps(pid_t pid) {
   return out;
 }
 
-Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create(const bpf_map* rows, const bpf_map* procs,
-                                                       const bpf_map* epoch) {
-  return create_fds(bpf_map__fd(rows), bpf_map__max_entries(rows), bpf_map__fd(procs),
-                    epoch ? bpf_map__fd(epoch) : -1);
+Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create(const bpf_map* shards, const bpf_map* procs,
+                                                       const bpf_map* epoch, size_t cap_bytes) {
+  return create_fds(bpf_map__fd(shards), bpf_map__max_entries(shards), bpf_map__fd(procs),
+                    epoch ? bpf_map__fd(epoch) : -1, cap_bytes);
 }
 
-Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create_fds(int rows_fd, uint32_t max_rows, int procs_fd,
-                                                           int epoch_fd) {
-  if (rows_fd < 0 || procs_fd < 0) return Error::msg("unwind maps: BPF maps not created (skeleton not loaded?)");
+Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create_fds(int shards_fd, uint32_t max_shards, int procs_fd,
+                                                           int epoch_fd, size_t cap_bytes) {
+  if (shards_fd < 0 || procs_fd < 0) return Error::msg("unwind maps: BPF maps not created (skeleton not loaded?)");
   std::unique_ptr<UnwindMaps> m(new UnwindMaps());
-  m->rows_fd_ = rows_fd;
+  m->shards_fd_ = shards_fd;
+  m->max_shards_ = max_shards;
   m->procs_fd_ = procs_fd;
   m->epoch_fd_ = epoch_fd;
-  m->max_rows_ = max_rows;
-  long page = sysconf(_SC_PAGESIZE);
-  size_t len = (size_t(max_rows) * sizeof(mt_unwind_row) + page - 1) / page * page;
-  void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, rows_fd, 0);
-  if (mem == MAP_FAILED) return Error::sys("mmap BPF map unwind_rows (needs BPF_F_MMAPABLE)");
-  m->rows_mem_ = mem;
-  m->rows_mem_len_ = len;
-  m->free_[0] = max_rows;
+  m->cap_bytes_ = std::max(cap_bytes, kShardBytes);
+  for (size_t i = 0; i < kInitialShards && (i + 1) * kShardBytes <= m->cap_bytes_ && i < max_shards; i++)
+    if (auto r = m->add_shard(); !r) return r.error();
   return m;
 }
 
 UnwindMaps::~UnwindMaps() {
-  if (rows_mem_) munmap(rows_mem_, rows_mem_len_);
+  for (auto& s : shards_) munmap(s.mem, kShardBytes);  // the maps go with unwind_shards
+}
+
+namespace {
+double ms_since(const std::chrono::steady_clock::time_point& t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+std::string mib(size_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; }
+}  // namespace
+
+// One more shard at the end of the row space: a map created, mapped for
+// writing, put in unwind_shards (the kernel waits for a grace period here).
+Result<void> UnwindMaps::add_shard() {
+  if (shards_.size() >= max_shards_) return Error::msg("unwind_shards full");
+  auto t0 = std::chrono::steady_clock::now();
+  Shard s;
+  LIBBPF_OPTS(bpf_map_create_opts, opts, .map_flags = BPF_F_MMAPABLE);
+  s.fd.reset(bpf_map_create(BPF_MAP_TYPE_ARRAY, "mt_rows", sizeof(__u32), sizeof(mt_unwind_row), kShardRows, &opts));
+  if (!s.fd.valid()) return Error::sys("create an unwind rows shard");
+  s.mem = mmap(nullptr, kShardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
+  if (s.mem == MAP_FAILED) return Error::sys("mmap an unwind rows shard");
+  uint32_t slot = static_cast<uint32_t>(shards_.size());
+  int fd = s.fd.get();
+  if (bpf_map_update_elem(shards_fd_, &slot, &fd, BPF_ANY) != 0) {
+    munmap(s.mem, kShardBytes);
+    return Error::sys("put an unwind rows shard into unwind_shards");
+  }
+  uint32_t first = space();
+  shards_.push_back(std::move(s));
+  release(first, kShardRows);
+  peak_bytes_ = std::max(peak_bytes_, shards_.size() * kShardBytes);
+  load_ms_ += ms_since(t0);
+  return {};
 }
 
 Result<uint32_t> UnwindMaps::alloc(uint32_t n) {
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < n) continue;
-    uint32_t first = it->first, count = it->second;
-    free_.erase(it);
-    if (count > n) free_[first + n] = count - n;
-    return first;
+  for (int attempt = 0;; attempt++) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < n) continue;
+      uint32_t first = it->first, count = it->second;
+      free_.erase(it);
+      if (count > n) free_[first + n] = count - n;
+      return first;
+    }
+    if (attempt == 0) {
+      sweep(true);  // rows of files no one maps any more
+      continue;
+    }
+    // Grow: the free range at the end of the space (if any) plus new shards.
+    uint32_t tail = 0;
+    if (!free_.empty()) {
+      auto last = std::prev(free_.end());
+      if (last->first + last->second == space()) tail = last->second;
+    }
+    size_t add = (n - tail + kShardRows - 1) / kShardRows;
+    if ((shards_.size() + add) * kShardBytes > cap_bytes_ || shards_.size() + add > max_shards_) {
+      over_cap_++;
+      return Error::msg("its table (" + mib(size_t(n) * sizeof(mt_unwind_row)) +
+                        ") would pass the cap on unwind tables (" + mib(cap_bytes_) +
+                        ", --unwind-mb); frame pointers there");
+    }
+    for (size_t i = 0; i < add; i++)
+      if (auto r = add_shard(); !r) return r.error();
   }
-  return Error::msg("unwind rows array full (" + std::to_string(max_rows_) + " rows): need " +
-                    std::to_string(n) + " more; raise unwind_rows max_entries");
 }
 
 void UnwindMaps::release(uint32_t first, uint32_t n) {
@@ -93,27 +141,62 @@ void UnwindMaps::release(uint32_t first, uint32_t n) {
   }
 }
 
+void UnwindMaps::sweep(bool all) {
+  auto now = std::chrono::steady_clock::now();
+  for (auto it = loaded_.begin(); it != loaded_.end();) {
+    auto& l = it->second;
+    if (l.refs == 0 && (all || std::chrono::duration<double>(now - l.idle_since).count() >= kKeepSeconds)) {
+      release(l.first, static_cast<uint32_t>(l.table->rows.size()));
+      it = loaded_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Empty shards at the end go (each removal waits for a grace period too).
+  while (shards_.size() > kInitialShards && !free_.empty()) {
+    auto last = std::prev(free_.end());
+    uint32_t start = space() - kShardRows;
+    if (last->first + last->second != space() || last->first > start) break;
+    uint32_t slot = static_cast<uint32_t>(shards_.size() - 1);
+    bpf_map_delete_elem(shards_fd_, &slot);
+    munmap(shards_.back().mem, kShardBytes);
+    shards_.pop_back();
+    if (last->first == start)
+      free_.erase(last);
+    else
+      last->second -= kShardRows;
+  }
+}
+
 Result<uint32_t> UnwindMaps::load_rows(const std::shared_ptr<const CfiTable>& t) {
   auto it = loaded_.find(t.get());
   if (it != loaded_.end()) {
     it->second.refs++;
     return it->second.first;
   }
-  auto first = alloc(static_cast<uint32_t>(t->rows.size()));
-  if (!first) return first.error();
-  std::memcpy(static_cast<mt_unwind_row*>(rows_mem_) + *first, t->rows.data(),
-              t->rows.size() * sizeof(mt_unwind_row));
-  loaded_[t.get()] = Loaded{*first, 1};
+  const size_t n = t->rows.size();
+  if (n > (size_t(1) << MT_UNWIND_ROW_BITS))
+    return Error::msg(t->path + ": " + std::to_string(n) + " unwind rows, more than one file may have");
+  auto first = alloc(static_cast<uint32_t>(n));
+  if (!first) return Error::msg(t->path + ": " + first.error().message);
+  auto t0 = std::chrono::steady_clock::now();
+  // Rows may cross shards: copied shard by shard.
+  for (size_t done = 0; done < n;) {
+    uint32_t g = *first + static_cast<uint32_t>(done);
+    size_t in = std::min<size_t>(n - done, kShardRows - (g & MT_UNWIND_SHARD_MASK));
+    std::memcpy(static_cast<mt_unwind_row*>(shards_[g >> MT_UNWIND_SHARD_BITS].mem) + (g & MT_UNWIND_SHARD_MASK),
+                t->rows.data() + done, in * sizeof(mt_unwind_row));
+    done += in;
+  }
+  load_ms_ += ms_since(t0);
+  loaded_[t.get()] = Loaded{*first, 1, t, {}};
   return *first;
 }
 
 void UnwindMaps::unref(const CfiTable* t) {
   auto it = loaded_.find(t);
-  if (it == loaded_.end()) return;
-  if (--it->second.refs == 0) {
-    release(it->second.first, static_cast<uint32_t>(t->rows.size()));
-    loaded_.erase(it);
-  }
+  if (it == loaded_.end() || it->second.refs == 0) return;
+  if (--it->second.refs == 0) it->second.idle_since = std::chrono::steady_clock::now();
 }
 
 Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vector<Mapping>* out) {
@@ -126,7 +209,9 @@ Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vecto
     fd.reset(::open(alt.c_str(), O_RDONLY | O_CLOEXEC));
   }
   if (!fd.valid()) return Error::sys("open mapped file " + what + " of pid " + std::to_string(pid));
+  auto t0 = std::chrono::steady_clock::now();
   auto t = store_.get(fd.get(), what);
+  build_ms_ += ms_since(t0);
   if (!t) return t.error();
   const CfiTable& table = **t;
   // load bias: runtime address = ELF vaddr + bias
@@ -253,6 +338,7 @@ void UnwindMaps::remove_process(pid_t pid) {
   bpf_map_delete_elem(procs_fd_, &key);
   if (++gen_ == 0) ++gen_;
   bump_epoch(gen_);
+  sweep(false);
 }
 
 void UnwindMaps::bump_epoch(uint32_t gen) {
@@ -269,11 +355,18 @@ UnwindStats UnwindMaps::stats() const {
     s.mappings += ms.size();
     for (auto& m : ms) s.mappings_no_cfi += m.table == nullptr;
   }
-  s.files = loaded_.size();
-  for (auto& [t, l] : loaded_) s.rows += t->rows.size();
+  for (auto& [t, l] : loaded_) {
+    (l.refs ? s.files : s.files_kept)++;
+    s.rows += t->rows.size();
+  }
   s.row_bytes = s.rows * sizeof(mt_unwind_row);
-  s.rows_capacity = max_rows_;
-  s.map_bytes = rows_mem_len_ + procs_.size() * sizeof(mt_unwind_proc);
+  s.shards = shards_.size();
+  s.map_bytes = shards_.size() * kShardBytes + procs_.size() * sizeof(mt_unwind_proc);
+  s.peak_bytes = peak_bytes_;
+  s.cap_bytes = cap_bytes_;
+  s.over_cap = over_cap_;
+  s.build_ms = build_ms_;
+  s.load_ms = load_ms_;
   s.failed = failed_;
   return s;
 }

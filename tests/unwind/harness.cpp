@@ -107,7 +107,7 @@ Result<Run> trace(const std::vector<std::string>& argv, const Options& opt) {
     return Error::sys("attach tracepoint sys_enter_mmap (tracefs mounted?)");
   }
   skel->links.on_mmap = l2;
-  auto maps = UnwindMaps::create(skel->maps.unwind_rows, skel->maps.unwind_procs, skel->maps.unwind_epoch);
+  auto maps = UnwindMaps::create(skel->maps.unwind_shards, skel->maps.unwind_procs, skel->maps.unwind_epoch);
   if (!maps) {
     kill_child();
     return maps.error();
