@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "symbolize/debuginfod.h"
+
 namespace memtrace::loader {
 
 void add_feature_options(CLI::App& app, FeatureOptions& f) {
@@ -34,12 +36,16 @@ int run_replay(int argc, char** argv) {
                  "first (repeatable)");
   bool no_dwarf = false;
   app.add_flag("--no-dwarf", no_dwarf, "Symbolize with ELF symbols only (no file:line)");
+  bool no_debuginfod = false;
+  app.add_flag("--no-debuginfod", no_debuginfod,
+               "Do not download missing binaries and debug files from the servers in DEBUGINFOD_URLS");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   o.dwarf = !no_dwarf;
+  if (no_debuginfod) symbolize::Debuginfod::get().configure({.enabled = false});
   return replay(o);
 }
 

@@ -8,6 +8,7 @@
 #include "loader/faults.h"
 #include "loader/feature_cli.h"
 #include "loader/tracer.h"
+#include "symbolize/debuginfod.h"
 
 namespace {
 
@@ -70,6 +71,9 @@ int main(int argc, char** argv) {
                  "Directory with debug files (matched by build-id), searched first (repeatable)");
   bool no_dwarf = false;
   app.add_flag("--no-dwarf", no_dwarf, "Symbolize with ELF symbols only (no file:line)");
+  bool no_debuginfod = false;
+  app.add_flag("--no-debuginfod", no_debuginfod,
+               "Do not download missing debug files from the servers in DEBUGINFOD_URLS");
   app.add_flag("--explain-probes", o.explain_probes,
                "Print where each allocator probe is placed and why");
   app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit");
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   o.stacks = !no_stacks;
+  if (no_debuginfod) memtrace::symbolize::Debuginfod::get().configure({.enabled = false});
   if (check) {
     if (geteuid() != 0) std::cerr << "memtrace-bpf: --check without root: BPF is only probed as this user\n";
     memtrace::loader::Tracer t(std::move(o));

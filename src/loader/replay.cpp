@@ -1,5 +1,7 @@
 // `memtrace-bpf replay FILE`: the report of a --record file, symbolized
-// against the files on disk (matched by build-id where the recording has one).
+// against the files on disk (matched by build-id where the recording has one),
+// the --symbols DIRs and, for binaries and debug files missing here, the
+// debuginfod servers in DEBUGINFOD_URLS.
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -16,15 +18,28 @@
 #include "loader/resolver.h"
 #include "memtrace.h"
 #include "report/report.h"
+#include "symbolize/debuginfod.h"
 #include "symbolize/symbolize.h"
 
 namespace memtrace::loader {
 namespace {
 
+// "0a1b..." -> raw bytes (recordings keep build-ids in hex); "" if not hex.
+std::string unhex(const std::string& h) {
+  auto nib = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  std::string out;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) {
+    int a = nib(h[i]), b = nib(h[i + 1]);
+    if (a < 0 || b < 0) return "";
+    out += static_cast<char>(a * 16 + b);
+  }
+  return out;
+}
+
 class ReplayResolver {
  public:
   ReplayResolver(const symbolize::Options& o, bool open_files)
-      : sym_(o), dirs_(o.symbol_dirs), open_files_(open_files) {}
+      : sym_(o), dirs_(o.symbol_dirs), open_files_(open_files), debuginfod_(o.debuginfod) {}
 
   void add(pid_t pid, const nlohmann::json& m) {
     std::string path = m.value("path", "");
@@ -77,6 +92,10 @@ class ReplayResolver {
           found = c;
           break;
         }
+      if (found.empty() && open_files_ && debuginfod_)
+        if (auto got = symbolize::Debuginfod::get().find(unhex(bid), "executable", path); got.fd.valid() &&
+            build_id_of(got.path) == bid)
+          found = got.path;
       if (found.empty()) {
         if (::stat(path.c_str(), &st) == 0)
           note = path + " changed since the recording (build-id " + build_id_of(path) + ", recorded " + bid +
@@ -106,6 +125,7 @@ class ReplayResolver {
   symbolize::Symbolizer sym_;
   std::vector<std::string> dirs_;
   bool open_files_;
+  bool debuginfod_;
   AddressSpaces spaces_;
   std::map<pid_t, std::set<std::tuple<uint64_t, uint64_t, uint64_t, std::string>>> added_;
   std::map<pid_t, pid_t> parent_;
@@ -120,7 +140,10 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
   symbolize::Options so;
   so.symbol_dirs = o.symbol_dirs;
   so.dwarf = o.dwarf;
-  if (!open_files) so.debug_root = "/nonexistent";  // no debug-file lookups either
+  if (!open_files) {  // no debug-file lookups either
+    so.debug_root = "/nonexistent";
+    so.debuginfod = false;
+  }
   ReplayResolver res(so, open_files);
   heap::HeapModel model;
   nlohmann::json meta, end;

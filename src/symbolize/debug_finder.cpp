@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include "symbolize/debuginfod.h"
+
 namespace memtrace::symbolize {
 namespace {
 
@@ -32,7 +34,10 @@ bool looks_like_elf(const std::string& path) {
 }  // namespace
 
 DebugFinder::DebugFinder(const Options& opts)
-    : symbol_dirs_(opts.symbol_dirs), debug_root_(opts.debug_root), indexes_(opts.symbol_dirs.size()) {}
+    : symbol_dirs_(opts.symbol_dirs),
+      debug_root_(opts.debug_root),
+      debuginfod_(opts.debuginfod),
+      indexes_(opts.symbol_dirs.size()) {}
 
 std::unique_ptr<ElfImage> DebugFinder::try_build_id(const std::string& path, const std::string& build_id) {
   struct stat st;
@@ -109,6 +114,13 @@ std::unique_ptr<ElfImage> DebugFinder::find(const ElfImage& img, const std::stri
     for (const auto& c : cands) {
       if (c == img.path()) continue;
       if (auto d = try_debuglink(c, img)) return d;
+    }
+  }
+  if (!bid.empty() && debuginfod_ && Debuginfod::get().active()) {
+    auto got = Debuginfod::get().find(bid, "debuginfo", img.path());
+    if (got.fd.valid()) {
+      auto r = ElfImage::open_fd(std::move(got.fd), got.path);
+      if (r && (*r)->build_id() == bid && usable_debug(**r)) return std::move(r).value();
     }
   }
   return nullptr;

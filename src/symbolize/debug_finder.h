@@ -1,8 +1,9 @@
 // Finds the separate debug file of a module: --symbols dirs first (matched
 // by build-id, whatever the layout below them), then DEBUG_ROOT/.build-id/
 // xx/yyyy.debug, then .gnu_debuglink (next to the file, in .debug/, under
-// DEBUG_ROOT/DIR) with its CRC checked. A file found by build-id must carry
-// that build-id: nothing is matched by path alone.
+// DEBUG_ROOT/DIR) with its CRC checked, then debuginfod (DEBUGINFOD_URLS) by
+// build-id. A file found by build-id must carry that build-id: nothing is
+// matched by path alone.
 #pragma once
 #include <memory>
 #include <optional>
@@ -32,6 +33,7 @@ class DebugFinder {
 
   std::vector<std::string> symbol_dirs_;
   std::string debug_root_;
+  bool debuginfod_ = true;
   std::vector<std::optional<std::unordered_map<std::string, std::string>>> indexes_;
 };
 

@@ -59,6 +59,9 @@ struct Options {
   bool demangle = true;
   bool dwarf = true;                        // false: ELF symbols only
   bool use_map_files = true;                // false: only /proc/PID/root/PATH (tests)
+  // Debug files missing locally are asked of DEBUGINFOD_URLS (debuginfod.h;
+  // the CLI's --no-debuginfod turns it off process-wide).
+  bool debuginfod = true;
 };
 
 class Symbolizer;

@@ -19,7 +19,7 @@ $src/src/loader/resolver.cpp $src/src/loader/procfs.cpp $src/src/loader/output_f
 $src/src/heap/heap_model.cpp $src/src/report/report.cpp $src/src/elf/elf_file.cpp
 $src/src/symbolize/symbolize.cpp $src/src/symbolize/proc_maps.cpp $src/src/symbolize/elf_image.cpp
 $src/src/symbolize/dwarf_index.cpp $src/src/symbolize/debug_finder.cpp $src/src/symbolize/module.cpp
-$src/src/symbolize/minidebuginfo.cpp"
+$src/src/symbolize/minidebuginfo.cpp $src/src/symbolize/debuginfod.cpp"
 obj() { echo "$build/obj/$(echo "$1" | tr / _).o"; }
 # An object is stale when its source, or any header, is newer (2 compiles at a time).
 stale=""
@@ -39,7 +39,7 @@ if [ -n "$stale" ] || [ ! -x "$bin" ]; then
   [ -z "$stale" ] || echo "$stale" | xargs -P 2 -n 1 sh -c \
     'o="$build/obj/$(echo "$1" | tr / _).o"; $cxx $flags -c "$1" -o "$o.tmp" && mv "$o.tmp" "$o"' sh
   # shellcheck disable=SC2046
-  "$cxx" -fsanitize=fuzzer,address,undefined -o "$bin.tmp" $(for f in $srcs; do obj "$f"; done) -ldw -lelf -llzma
+  "$cxx" -fsanitize=fuzzer,address,undefined -o "$bin.tmp" $(for f in $srcs; do obj "$f"; done) -ldw -lelf -llzma -ldl
   mv "$bin.tmp" "$bin"
 fi
 [ "$secs" -gt 0 ] || exit 0

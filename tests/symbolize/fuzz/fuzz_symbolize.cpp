@@ -25,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     Options o;
     o.debug_root = "/nonexistent";  // no file-system lookups outside the input
+    o.debuginfod = false;           // nor network ones
     Symbolizer sym(o);
     AddressSpace as;
     MappingInfo m;

@@ -14,8 +14,8 @@ if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/tests/symbolize/fuzz" -newer "
     -I"$src/src" -o "$stamp.tmp" \
     "$src/tests/symbolize/fuzz/fuzz_symbolize.cpp" \
     "$sym/symbolize.cpp" "$sym/proc_maps.cpp" "$sym/elf_image.cpp" "$sym/dwarf_index.cpp" \
-    "$sym/debug_finder.cpp" "$sym/module.cpp" "$sym/minidebuginfo.cpp" \
-    -ldw -lelf -llzma
+    "$sym/debug_finder.cpp" "$sym/module.cpp" "$sym/minidebuginfo.cpp" "$sym/debuginfod.cpp" \
+    -ldw -lelf -llzma -ldl
   mv "$stamp.tmp" "$stamp"
 fi
 # Seeds: small real ELF files (executables, a shared object, debug-only files).
