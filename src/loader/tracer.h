@@ -116,6 +116,7 @@ class Tracer {
   Resolver resolver_;
   std::map<pid_t, Proc> procs_;
   std::map<std::pair<uint64_t, uint64_t>, ProbeSet> system_probes_;  // system-wide mode
+  std::pair<uint64_t, uint64_t> self_exe_{0, 0};  // (dev, inode) of our own binary: never probed system-wide
   std::set<pid_t> stopped_;  // processes BPF stopped that we must resume
   std::optional<Guardian> guardian_;  // resumes them if this process dies first (run() only)
   void forget_stopped(pid_t pid);     // and the BPF map's entry for it
