@@ -29,6 +29,9 @@ using namespace memtrace::symbolize;
 namespace {
 
 const std::string kFx = FX_DIR;
+// No test here asks a debuginfod server (tests/debuginfo does): a developer's
+// DEBUGINFOD_URLS would make the missing-debug-file cases slow and changing.
+[[maybe_unused]] const int kNoDebuginfod = ::unsetenv("DEBUGINFOD_URLS");
 
 std::string run(const std::string& cmd) {
   std::string out;
