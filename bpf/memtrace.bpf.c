@@ -622,7 +622,14 @@ int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 	 * library): stop it so that the loader attaches, reads the mapping for
 	 * symbolization and loads its unwind tables before that code runs, even
 	 * if the process exits right after. Not processes given by -p. */
-	if (stop_on_exec_mappings && (args.a1 & PROT_EXEC) && (__s32)args.a3 >= 0) {
+	if (system_wide && (args.a1 & PROT_EXEC) && (__s32)args.a3 >= 0) {
+		/* System-wide: never stopped, but told at once through the small
+		 * lifecycle ring (drained first, woken at every record) so that the
+		 * loader reads the mappings while the process lives, not when the
+		 * events ring's backlog reaches this record (a short process was
+		 * gone by then: its frames stayed unsymbolized). */
+		proc_event(MT_EV_LIBMAP, 0, pid_tgid, 0, 0, ret, args.a0);
+	} else if (stop_on_exec_mappings && (args.a1 & PROT_EXEC) && (__s32)args.a3 >= 0) {
 		struct mt_target *t = bpf_map_lookup_elem(&targets, &tgid);
 		if (t && (t->state == MT_TS_PENDING ||
 			  (t->state == MT_TS_TRACED && !(t->follow & MT_FOLLOW_NO_STOP))))

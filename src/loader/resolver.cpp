@@ -7,16 +7,31 @@ void Resolver::capture(pid_t pid) {
   if (!as) as = std::make_shared<symbolize::AddressSpace>();
   // A process that is already gone keeps what we had; one gone before its
   // first capture has nothing: counted (its frames print "unknown").
-  if (!sym_.update(*as, pid) && as->mapping_count() == 0) never_captured_.insert(pid);
+  if (sym_.update(*as, pid)) never_captured_.erase(pid);
+  else if (as->mapping_count() == 0 && !parent_.count(pid)) never_captured_.insert(pid);
+  else if (as->mapping_count() > 0) incomplete_.insert(pid);  // code mapped since the last read: not seen
+}
+
+void Resolver::exec(pid_t pid) {
+  auto& as = spaces_[pid];
+  if (!as) as = std::make_shared<symbolize::AddressSpace>();
+  // Its own code now: gone before this read, its frames have no mappings of
+  // their own (the parent's, if forked, are another program's).
+  if (sym_.update(*as, pid)) never_captured_.erase(pid);
+  else never_captured_.insert(pid);
 }
 
 void Resolver::inherit(pid_t parent, pid_t child) {
   // The child starts with the parent's mappings (captured now, while it is
   // stopped at its first return). If it is already gone, or later exec's or
   // unmaps, addresses of blocks it inherited are looked up in the parent's.
+  // A child gone before this read is not counted as never captured: its
+  // addresses are its parent's (a later exec of it captures anew, and counts
+  // if that fails: exec() below).
   parent_[child] = parent;
   capture(child);
 }
+
 
 std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const AddressSpaces& spaces,
                                              const std::map<pid_t, pid_t>& parents, pid_t pid, uint64_t addr,

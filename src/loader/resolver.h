@@ -29,6 +29,8 @@ class Resolver {
   void capture(pid_t pid);
   // Share the parent's address space view with a child (fork).
   void inherit(pid_t parent, pid_t child);
+  // pid exec'd: capture its new image's mappings now.
+  void exec(pid_t pid);
   std::vector<report::FrameOut> resolve(pid_t pid, uint64_t addr, bool return_address);
   report::Resolver fn() {
     return [this](pid_t p, uint64_t a, bool r) { return resolve(p, a, r); };
@@ -39,11 +41,15 @@ class Resolver {
   AddressSpaces spaces_;
   std::map<pid_t, pid_t> parent_;
   std::set<pid_t> never_captured_;
+  std::set<pid_t> incomplete_;
 
  public:
   // Processes that exited before their mappings could be read (system-wide
   // mode does not stop new processes): their frames stay unsymbolized.
-  size_t never_captured() const { return never_captured_.size(); }  // fork: where a child's inherited blocks come from
+  size_t never_captured() const { return never_captured_.size(); }
+  // Processes gone before a later read (a library mapped after the first
+  // read): frames in that library stay unsymbolized.
+  size_t incomplete() const { return incomplete_.size(); }
 };
 
 }  // namespace memtrace::loader

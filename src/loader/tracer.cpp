@@ -4,6 +4,7 @@
 #include <bpf/libbpf.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -140,6 +141,7 @@ Tracer::Tracer(Options o)
         return so;
       }()) {
   system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty();
+  if (const char* n = getenv("MEMTRACE_DRAIN_NICE")) o_.drain_nice = atoi(n);  // benchmarks: A/B
   if (o_.faults) {
     maps_cache_ = std::make_unique<MapsCache>();
     heap::FaultObserver observer;
@@ -273,6 +275,16 @@ Result<void> Tracer::load() {
   if (!rb_) return Error::sys("ring buffer");
   rb_events_ = ring_buffer__new(bpf_map__fd(skel_->maps.events), event_cb, this, nullptr);
   if (!rb_events_) return Error::sys("ring buffer");
+  {
+    // The events ring's consumer and producer positions, read-only: how full
+    // it gets (ringbuf_peak_kb).
+    long pg = sysconf(_SC_PAGESIZE);
+    int fd = bpf_map__fd(skel_->maps.events);
+    for (int i = 0; i < 2; i++) {
+      void* p = mmap(nullptr, pg, PROT_READ, MAP_SHARED, fd, i * pg);
+      ring_pos_[i] = p == MAP_FAILED ? nullptr : static_cast<const uint64_t*>(p);
+    }
+  }
   epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
   for (ring_buffer* r : {rb_, rb_events_}) {
     epoll_event ev{};
@@ -418,7 +430,17 @@ void Tracer::attach_more_allocators(pid_t pid) {
   }
 }
 
-void Tracer::scan_system_allocators(pid_t only) {
+// System-wide: a record of pid's at `ts` (an exec, a new executable
+// mapping) asks for its mappings; a read begun after ts has them already
+// (ld.so maps a program's libraries in a burst: one read for the burst).
+void Tracer::read_process_once(pid_t pid, uint64_t ts, bool exec) {
+  auto it = last_read_ns_.find(pid);
+  if (it != last_read_ns_.end() && it->second > ts) return;
+  last_read_ns_[pid] = monotonic_ns();  // features.h: bpf_ktime_get_ns's clock
+  scan_system_allocators(pid, exec);
+}
+
+void Tracer::scan_system_allocators(pid_t only, bool exec) {
   if (self_exe_.second == 0) {
     struct stat st {};
     if (stat("/proc/self/exe", &st) == 0) self_exe_ = {static_cast<uint64_t>(st.st_dev), st.st_ino};
@@ -430,7 +452,8 @@ void Tracer::scan_system_allocators(pid_t only) {
     if (!maps) continue;
     if (only <= 0)
       if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
-    resolver_.capture(pid);  // mappings for symbolization, while it lives
+    if (exec) resolver_.exec(pid);  // mappings for symbolization, while it lives
+    else resolver_.capture(pid);
     unwind_add(pid);
     MapEntry where;
     auto obj = attacher_->find_allocator(pid, *maps, &where);
@@ -501,14 +524,19 @@ Result<void> Tracer::setup_targets() {
 int Tracer::on_event(void* data, size_t len) {
   if (len >= sizeof(mt_event)) {
     const auto* e = static_cast<const mt_event*>(data);
-    // dlopen of new code: capture the mappings while the process lives.
-    if (e->h.kind == MT_EV_MMAP && ((e->old_size >> 32) & 0x4) && static_cast<int32_t>(e->aux) >= 0) {
+    // dlopen of new code: capture the mappings while the process lives
+    // (system-wide: done at once, on the lifecycle ring's MT_EV_LIBMAP).
+    if (!system_wide_ && e->h.kind == MT_EV_MMAP && ((e->old_size >> 32) & 0x4) &&
+        static_cast<int32_t>(e->aux) >= 0) {
       resolver_.capture(e->h.pid);
       unwind_add(e->h.pid);
     }
   }
   model_.apply(data, len);
   if (feat_) feat_->on_event(data, len);
+  // consume(): back to the lifecycle ring every so often (an exec or a new
+  // library there is read from /proc while the process lives).
+  if (budget_ && --budget_ == 0) return -EAGAIN;
   return 0;
 }
 
@@ -522,14 +550,16 @@ int Tracer::on_proc_event(void* data, size_t len) {
 
   switch (e.h.kind) {
     case MT_EV_EXEC:
+      // System-wide: the new image's mappings first, while it lives (the
+      // events ring's backlog can take long to drain: a short process was
+      // gone after it).
+      if (system_wide_) read_process_once(pid, e.h.ts, true);
       // The old image's last events, then the events stream's own MT_EV_EXEC
       // (exact order); on_exec here only if that record was lost.
-      ring_buffer__consume(rb_events_);
+      drain_events();
       model_.on_exec(pid, e.addr ? e.addr : e.h.ts);
       if (system_wide_) {
         model_.process(pid).comm = comm;
-        resolver_.capture(pid);
-        scan_system_allocators(pid);
         break;
       }
       log("exec pid " + std::to_string(pid) + " (" + comm + ")");
@@ -546,6 +576,12 @@ int Tracer::on_proc_event(void* data, size_t len) {
       }
       break;
     case MT_EV_LIBMAP:
+      // System-wide (not stopped): read the new mapping now, while the
+      // process lives; attach to a new allocator.
+      if (system_wide_) {
+        read_process_once(pid, e.h.ts, false);
+        break;
+      }
       // Stopped: the new code's mapping and tables are in before it runs.
       resolver_.capture(pid);
       unwind_add(pid);
@@ -560,11 +596,11 @@ int Tracer::on_proc_event(void* data, size_t len) {
       break;
     case MT_EV_FORK:
       log("fork " + std::to_string(e.ppid) + " -> " + std::to_string(pid));
+      resolver_.inherit(e.ppid, pid);  // first: before the backlog below, while it lives
       // Events of the parent from before the fork are already queued: apply
       // them so that the child inherits the right live blocks.
-      ring_buffer__consume(rb_events_);  // not rb_: we are inside its callback
+      drain_events();  // not rb_: we are inside its callback
       model_.on_fork(e.ppid, pid);
-      resolver_.inherit(e.ppid, pid);
       model_.process(pid).comm = comm;
       if (e.h.flags & MT_F_VFORK) {
         procs_[pid].pid = pid;
@@ -585,6 +621,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
         it->second.exited = true;
       }
       if (unwind_) unwind_->remove_process(pid);
+      last_read_ns_.erase(pid);
       if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) model_.on_exit(pid, e.exit_code);
       forget_stopped(pid);
       break;
@@ -617,6 +654,7 @@ report::Drops Tracer::drops() {
   // event is counted where it is lost (ringbuf, inflight_map_full, ...).
   d.stats["frees_of_unseen_blocks"] = unknown;
   d.stats["mappings_not_captured"] = resolver_.never_captured();  // processes, not events
+  d.stats["mappings_incomplete"] = resolver_.incomplete();        // gone before a library's mapping was read
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
@@ -668,6 +706,9 @@ report::Drops Tracer::drops() {
     if (skel_)
       d.stats["tool_rings_kb"] =
           (uint64_t(bpf_map__max_entries(skel_->maps.events)) + bpf_map__max_entries(skel_->maps.proc_events)) / 1024;
+    // The most the events ring held when the loader came to drain it (what
+    // --ringbuf-mb must hold; a full ring counts as "ringbuf" drops).
+    d.stats["ringbuf_peak_kb"] = ring_peak_ / 1024;
   }
   // Per-process probe attach (uprobe_multi links, or one perf event per probe).
   d.stats["attach_processes"] = attach_count_;
@@ -692,12 +733,36 @@ void Tracer::detach_probes() {
   detach_in_background();
 }
 
-// Lifecycle records first (they may drain the events ring themselves).
+// Lifecycle records first (they may drain the events ring themselves), then
+// the events ring in slices of kEventSlice records (~0.1 ms), the lifecycle
+// ring between slices: a 64 MiB backlog is ~800,000 records (a few hundred ms).
 int Tracer::consume() {
-  int a = ring_buffer__consume(rb_);
-  if (a < 0) return a;
-  int b = ring_buffer__consume(rb_events_);
-  return b < 0 ? b : a + b;
+  constexpr uint32_t kEventSlice = 512;
+  int total = 0;
+  if (ring_pos_[0] && ring_pos_[1]) {
+    uint64_t queued = __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) - __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE);
+    ring_peak_ = std::max(ring_peak_, queued);
+  }
+  for (;;) {
+    int a = ring_buffer__consume(rb_);
+    if (a < 0) return a;
+    budget_ = kEventSlice;
+    int b = ring_buffer__consume(rb_events_);
+    bool more = b == -EAGAIN;
+    budget_ = 0;
+    if (b < 0 && !more) return b;
+    total += a + (more ? kEventSlice : b);
+    if (!more) return total;
+  }
+}
+
+// Every record the events ring holds now (from a lifecycle callback: what
+// came before an exec or a fork).
+void Tracer::drain_events() {
+  uint32_t saved = budget_;
+  budget_ = 0;
+  ring_buffer__consume(rb_events_);
+  budget_ = saved;
 }
 
 int Tracer::poll(int timeout_ms) {
@@ -719,6 +784,11 @@ void Tracer::teardown() {
     ring_buffer__free(rb_events_);
     rb_events_ = nullptr;
   }
+  for (auto*& p : ring_pos_)
+    if (p) {
+      munmap(const_cast<uint64_t*>(p), sysconf(_SC_PAGESIZE));
+      p = nullptr;
+    }
   unwind_.reset();  // unmaps the rows array before the map goes
   if (skel_) {
     memtrace_bpf__destroy(skel_);
@@ -894,6 +964,12 @@ int Tracer::run() {
     return 2;
   }
   if (fault_trace_) fault_trace_->header();
+  // System-wide on a busy host the drain competes with every process for
+  // the CPU: it runs ahead of them (a process it lets wait is the one whose
+  // events fill the ring; an exec or a new library is read from /proc while
+  // the process lives). This thread only: processes started later (the
+  // reaper) do not inherit it; launch mode's program is not ours to boost.
+  if (system_wide_ && o_.drain_nice != 0) setpriority(PRIO_PROCESS, 0, o_.drain_nice);
   if (o_.command.empty()) {
     std::string what = system_wide_ ? "system-wide" : "";
     if (!o_.pids.empty()) what += std::to_string(o_.pids.size()) + " process(es)";

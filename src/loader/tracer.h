@@ -43,6 +43,7 @@ struct Options {
   bool cfi = true;                   // --unwind cfi (default) | fp
   AllocatorChoice allocator;         // -O / -S
   size_t ringbuf_mb = 64;
+  int drain_nice = -10;              // system-wide: the drain thread's nice value (MEMTRACE_DRAIN_NICE)
   size_t unwind_mb = 512;  // cap on the unwind tables in the kernel
   std::vector<std::string> symbol_dirs;
   bool dwarf = true;
@@ -87,7 +88,9 @@ class Tracer {
   void set_target_state(pid_t pid, uint32_t state, uint32_t follow);
   void resume(pid_t pid);
   uint32_t image_of(pid_t pid);
-  void scan_system_allocators(pid_t only = -1);
+  void scan_system_allocators(pid_t only = -1, bool exec = false);
+  void read_process_once(pid_t pid, uint64_t ts, bool exec);  // system-wide exec / new code
+  std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   void report_final(int exit_code);
   report::Drops drops();
   std::ostream& out();
@@ -108,6 +111,10 @@ class Tracer {
   struct ring_buffer* rb_events_ = nullptr;
   Fd epoll_;                      // both rings' epoll fds
   int consume();                  // drain both rings: records consumed, or -errno
+  void drain_events();            // the whole events ring (inside a lifecycle callback)
+  uint32_t budget_ = 0;           // events left in consume()'s slice (0: no limit)
+  const uint64_t* ring_pos_[2] = {nullptr, nullptr};  // events ring: consumer, producer position
+  uint64_t ring_peak_ = 0;        // bytes queued in it at most, seen at a consume()
   int poll(int timeout_ms);       // wait for either ring, then consume()
   std::unique_ptr<Attacher> attacher_;
   std::unique_ptr<unwind::UnwindMaps> unwind_;  // null: frame pointers only
