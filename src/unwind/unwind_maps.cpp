@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "common/fd.h"
 
@@ -54,8 +56,8 @@ Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create_fds(int shards_fd, uint32
   m->procs_fd_ = procs_fd;
   m->epoch_fd_ = epoch_fd;
   m->cap_bytes_ = std::max(cap_bytes, kShardBytes);
-  for (size_t i = 0; i < kInitialShards && (i + 1) * kShardBytes <= m->cap_bytes_ && i < max_shards; i++)
-    if (auto r = m->add_shard(); !r) return r.error();
+  size_t initial = std::min<size_t>({kInitialShards, m->cap_bytes_ / kShardBytes, max_shards});
+  if (auto r = m->add_shards(initial); !r) return r.error();
   return m;
 }
 
@@ -70,28 +72,57 @@ double ms_since(const std::chrono::steady_clock::time_point& t0) {
 std::string mib(size_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; }
 }  // namespace
 
-// One more shard at the end of the row space: a map created, mapped for
-// writing, put in unwind_shards (the kernel waits for a grace period here).
-Result<void> UnwindMaps::add_shard() {
-  if (shards_.size() >= max_shards_) return Error::msg("unwind_shards full");
+// k more shards at the end of the row space: maps created, mapped for
+// writing, put in unwind_shards. Each insertion waits for an RCU grace
+// period in the kernel (~7-17 ms here), so k > 1 are inserted from k
+// threads at once: their waits overlap (libLLVM needs 4 shards).
+Result<void> UnwindMaps::add_shards(size_t k) {
+  if (shards_.size() + k > max_shards_) return Error::msg("unwind_shards full");
   auto t0 = std::chrono::steady_clock::now();
-  Shard s;
-  LIBBPF_OPTS(bpf_map_create_opts, opts, .map_flags = BPF_F_MMAPABLE);
-  s.fd.reset(bpf_map_create(BPF_MAP_TYPE_ARRAY, "mt_rows", sizeof(__u32), sizeof(mt_unwind_row), kShardRows, &opts));
-  if (!s.fd.valid()) return Error::sys("create an unwind rows shard");
-  s.mem = mmap(nullptr, kShardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
-  if (s.mem == MAP_FAILED) return Error::sys("mmap an unwind rows shard");
-  uint32_t slot = static_cast<uint32_t>(shards_.size());
-  int fd = s.fd.get();
-  if (bpf_map_update_elem(shards_fd_, &slot, &fd, BPF_ANY) != 0) {
-    munmap(s.mem, kShardBytes);
-    return Error::sys("put an unwind rows shard into unwind_shards");
+  std::vector<Shard> fresh(k);
+  for (auto& s : fresh) {
+    LIBBPF_OPTS(bpf_map_create_opts, opts, .map_flags = BPF_F_MMAPABLE);
+    s.fd.reset(bpf_map_create(BPF_MAP_TYPE_ARRAY, "mt_rows", sizeof(__u32), sizeof(mt_unwind_row), kShardRows, &opts));
+    if (!s.fd.valid()) return Error::sys("create an unwind rows shard");
+    s.mem = mmap(nullptr, kShardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
+    if (s.mem == MAP_FAILED) {
+      s.mem = nullptr;
+      return Error::sys("mmap an unwind rows shard");
+    }
   }
-  uint32_t first = space();
-  shards_.push_back(std::move(s));
-  release(first, kShardRows);
+  std::vector<int> err(k, 0);
+  auto insert = [&](size_t i) {
+    uint32_t slot = static_cast<uint32_t>(shards_.size() + i);
+    int fd = fresh[i].fd.get();
+    if (bpf_map_update_elem(shards_fd_, &slot, &fd, BPF_ANY) != 0) err[i] = errno;
+  };
+  if (k == 1) {
+    insert(0);
+  } else {
+    std::vector<std::thread> th;
+    for (size_t i = 0; i < k; i++) th.emplace_back(insert, i);
+    for (auto& t : th) t.join();
+  }
+  // Kept in order up to the first failure (the row space stays contiguous);
+  // the rest are removed again.
+  size_t ok = 0;
+  while (ok < k && err[ok] == 0) ok++;
+  for (size_t i = ok; i < k; i++) {
+    uint32_t slot = static_cast<uint32_t>(shards_.size() + i);
+    if (err[i] == 0) bpf_map_delete_elem(shards_fd_, &slot);
+  }
+  for (size_t i = 0; i < k; i++) {
+    if (i < ok) {
+      uint32_t first = space();
+      shards_.push_back(std::move(fresh[i]));
+      release(first, kShardRows);
+    } else if (fresh[i].mem) {
+      munmap(fresh[i].mem, kShardBytes);
+    }
+  }
   peak_bytes_ = std::max(peak_bytes_, shards_.size() * kShardBytes);
   load_ms_ += ms_since(t0);
+  if (ok < k) return Error::sys("put an unwind rows shard into unwind_shards", err[ok]);
   return {};
 }
 
@@ -121,8 +152,7 @@ Result<uint32_t> UnwindMaps::alloc(uint32_t n) {
                         ") would pass the cap on unwind tables (" + mib(cap_bytes_) +
                         ", --unwind-mb); frame pointers there");
     }
-    for (size_t i = 0; i < add; i++)
-      if (auto r = add_shard(); !r) return r.error();
+    if (auto r = add_shards(add); !r) return r.error();
   }
 }
 

@@ -123,7 +123,7 @@ class UnwindMaps {
   Result<void> publish(pid_t pid);
   Result<uint32_t> alloc(uint32_t n);
   void release(uint32_t first, uint32_t n);
-  Result<void> add_shard();
+  Result<void> add_shards(size_t k);
   // Frees the rows of tables no process uses (those idle kKeepSeconds, or
   // all with `all`), then drops empty shards at the end (beyond the first).
   void sweep(bool all);
