@@ -5,28 +5,110 @@
 // caller) or a thread start routine (start_thread), the share that ended at
 // an outermost frame (_start / clone3), table memory, and the BPF program's
 // average run time (kernel.bpf_stats_enabled). --fp: frame pointers only.
+//
+// --gdb N: also run CMD under gdb (no ASLR, as the traced run), take N
+// samples of libc malloc's stack spread over the run (every K-th call, K
+// from the traced run's count) and count how many are, frame for frame
+// (return addresses), one of the stacks the BPF unwinder captured.
+// --tables: per executable file mapped: its CFI table's rows, bytes and
+// build time (built again here, outside the traced run).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "harness.h"
+#include "unwind/cfi_table.h"
 
 using namespace memtrace::unwind;
+
+namespace {
+
+std::string run_cmd(const std::string& cmd) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p.get())) > 0) out.append(buf, n);
+  return out;
+}
+
+// gdb's stacks (return addresses from frame #1, real frames only) at every
+// `every`-th call of libc's malloc, at most `limit` of them.
+std::vector<std::vector<uint64_t>> gdb_samples(const std::vector<std::string>& cmd, uint64_t every,
+                                               int limit) {
+  char script[] = "/tmp/unwb-gdb-XXXXXX";
+  int fd = mkstemp(script);
+  std::string py =
+      "set debuginfod enabled off\nset pagination off\nset confirm off\n"
+      "set backtrace past-main on\nset backtrace limit 400\nset breakpoint pending on\n"
+      "python\n"
+      "class S(gdb.Breakpoint):\n"
+      "    n = 0\n    taken = 0\n"
+      "    def stop(self):\n"
+      "        f = gdb.newest_frame()\n"
+      "        so = gdb.solib_name(f.pc()) or ''\n"
+      "        if 'libc.so' not in so: return False\n"
+      "        self.n += 1\n"
+      "        if self.n % " + std::to_string(every) + " or self.taken >= " + std::to_string(limit) + ": return False\n"
+      "        self.taken += 1\n"
+      "        out = []\n"
+      "        while f is not None:\n"
+      "            if f.type() == gdb.NORMAL_FRAME: out.append('%x' % f.pc())\n"
+      "            f = f.older()\n"
+      "        print('SAMPLE ' + ' '.join(out[1:]))\n"
+      "        return False\n"
+      "S('__libc_malloc')\n"
+      "end\nrun\n";
+  if (write(fd, py.data(), py.size()) != ssize_t(py.size())) std::fprintf(stderr, "write gdb script\n");
+  close(fd);
+  std::string line = "DEBUGINFOD_URLS= gdb -batch -nx -x " + std::string(script) + " --args";
+  for (auto& a : cmd) line += " '" + a + "'";
+  std::string out = run_cmd(line + " 2>&1 </dev/null");
+  unlink(script);
+  std::vector<std::vector<uint64_t>> samples;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("SAMPLE ", 0) != 0) continue;
+    std::istringstream ls(l.substr(7));
+    std::vector<uint64_t> s;
+    for (std::string w; ls >> w;) s.push_back(std::stoull(w, nullptr, 16));
+    samples.push_back(std::move(s));
+  }
+  if (samples.empty()) std::fprintf(stderr, "gdb took no samples:\n%s\n", out.substr(0, 4000).c_str());
+  return samples;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   harness::Options opt;
   opt.timeout_ms = 600000;
   std::vector<std::string> cmd;
+  int gdb_n = 0;
+  bool tables = false;
   int i = 1;
   for (; i < argc; i++) {
     if (!std::strcmp(argv[i], "--fp")) opt.unwind = false;
+    else if (!std::strcmp(argv[i], "--gdb") && i + 1 < argc) gdb_n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--tables")) tables = true;
     else if (!std::strcmp(argv[i], "--")) { i++; break; }
     else break;
   }
+  if (gdb_n > 0) opt.no_aslr = true;  // the addresses gdb sees
   for (; i < argc; i++) cmd.push_back(argv[i]);
   if (cmd.empty()) {
-    std::fprintf(stderr, "usage: unwind_bench [--fp] -- CMD...\n");
+    std::fprintf(stderr, "usage: unwind_bench [--fp] [--gdb N] [--tables] -- CMD...\n");
     return 2;
   }
   auto run = harness::trace(cmd, opt);
@@ -68,5 +150,57 @@ int main(int argc, char** argv) {
               run->prog_run_cnt ? double(run->prog_run_ns) / double(run->prog_run_cnt) : 0.0,
               run->table_errors.empty() ? "" : "see stderr");
   if (!run->table_errors.empty()) std::fprintf(stderr, "%s", run->table_errors.c_str());
+  if (gdb_n > 0) {
+    std::set<std::vector<uint64_t>> ours;
+    for (auto& st : run->stacks) ours.insert(st.ips);
+    auto samples = gdb_samples(cmd, std::max<uint64_t>(1, total / uint64_t(gdb_n)), gdb_n);
+    size_t match = 0;
+    std::string misses;
+    harness::Symbolizer sym(run->maps);
+    auto where = [&](uint64_t ip) {
+      std::string f = sym.file(ip);
+      char b[32];
+      std::snprintf(b, sizeof b, "%#lx", (unsigned long)ip);
+      return sym.name(ip) + "@" + f.substr(f.rfind('/') + 1) + ":" + b;
+    };
+    for (auto& g : samples) {
+      // The captured stack that agrees with gdb's longest.
+      size_t best = 0;
+      const std::vector<uint64_t>* bo = nullptr;
+      for (auto& o : ours) {
+        size_t k = 0;
+        while (k < o.size() && k < g.size() && o[k] == g[k]) k++;
+        if (k > best || !bo) best = k, bo = &o;
+      }
+      // equal frame for frame; a BPF stack cut at the depth limit is a prefix
+      bool ok = bo && (best == g.size() && best == bo->size() ||
+                       best == bo->size() && bo->size() == size_t(MT_MAX_FRAMES));
+      match += ok;
+      if (!ok && misses.size() < 8000) {
+        misses += "gdb stack not among ours; they agree on " + std::to_string(best) + " frames (" +
+                  (best ? where(g[best - 1]) : std::string("-")) + "), then gdb:";
+        for (size_t k = best; k < g.size() && k < best + 3; k++) misses += " " + where(g[k]);
+        misses += " | ours:";
+        for (size_t k = best; bo && k < bo->size() && k < best + 3; k++) misses += " " + where((*bo)[k]);
+        misses += "\n";
+      }
+    }
+    std::printf("{\"cmd\": \"%s\", \"gdb_samples\": %zu, \"gdb_equal\": %zu}\n", label.c_str(), samples.size(),
+                match);
+    std::fprintf(stderr, "%s", misses.c_str());
+  }
+  if (tables) {
+    std::set<std::string> seen;
+    for (auto& m : run->maps) {
+      if (m.perms.size() < 3 || m.perms[2] != 'x' || m.path.empty() || m.path[0] != '/') continue;
+      if (!seen.insert(m.path).second) continue;
+      auto t0 = std::chrono::steady_clock::now();
+      auto t = build_cfi_table(m.path);
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!t) continue;
+      std::printf("{\"file\": \"%s\", \"rows\": %zu, \"table_bytes\": %zu, \"fdes\": %zu, \"build_ms\": %.1f}\n",
+                  m.path.c_str(), t->rows.size(), t->bytes(), t->fdes, ms);
+    }
+  }
   return 0;
 }
