@@ -69,7 +69,14 @@ namespace {
 double ms_since(const std::chrono::steady_clock::time_point& t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-std::string mib(size_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; }
+std::string mib(size_t b) {
+  char out[32];
+  if (b < (size_t(1) << 20))
+    std::snprintf(out, sizeof out, "%zu KiB", (b + 1023) >> 10);
+  else
+    std::snprintf(out, sizeof out, "%.1f MiB", double(b) / double(1 << 20));
+  return out;
+}
 }  // namespace
 
 // k more shards at the end of the row space: maps created, mapped for
@@ -147,7 +154,6 @@ Result<uint32_t> UnwindMaps::alloc(uint32_t n) {
     }
     size_t add = (n - tail + kShardRows - 1) / kShardRows;
     if ((shards_.size() + add) * kShardBytes > cap_bytes_ || shards_.size() + add > max_shards_) {
-      over_cap_++;
       return Error::msg("its table (" + mib(size_t(n) * sizeof(mt_unwind_row)) +
                         ") would pass the cap on unwind tables (" + mib(cap_bytes_) +
                         ", --unwind-mb); frame pointers there");
@@ -206,9 +212,15 @@ Result<uint32_t> UnwindMaps::load_rows(const std::shared_ptr<const CfiTable>& t)
   }
   const size_t n = t->rows.size();
   if (n > (size_t(1) << MT_UNWIND_ROW_BITS))
-    return Error::msg(t->path + ": " + std::to_string(n) + " unwind rows, more than one file may have");
+    return Error::msg(over_cap_said_.insert(t.get()).second
+                          ? t->path + ": " + std::to_string(n) + " unwind rows, more than one file may have"
+                          : "");
   auto first = alloc(static_cast<uint32_t>(n));
-  if (!first) return Error::msg(t->path + ": " + first.error().message);
+  if (!first) {
+    // Said once per file (every process mapping it would repeat it).
+    if (!over_cap_said_.insert(t.get()).second) return Error::msg("");
+    return Error::msg(t->path + ": " + first.error().message);
+  }
   auto t0 = std::chrono::steady_clock::now();
   // Rows may cross shards: copied shard by shard.
   for (size_t done = 0; done < n;) {
@@ -310,7 +322,7 @@ Result<void> UnwindMaps::add_process(pid_t pid) {
     if (one[0].table) {
       if (auto f = load_rows(one[0].table); !f) {
         failed_++;
-        errors += (errors.empty() ? "" : "; ") + f.error().message;
+        if (!f.error().message.empty()) errors += (errors.empty() ? "" : "; ") + f.error().message;
         one[0].table = nullptr;
       }
     }
@@ -347,7 +359,7 @@ Result<void> UnwindMaps::on_exec_mapping(pid_t pid, uint64_t start, uint64_t end
     if (one[0].table) {
       if (auto f = load_rows(one[0].table); !f) {
         failed_++;
-        err = f.error();
+        if (!f.error().message.empty()) err = f.error();
         one[0].table = nullptr;
       }
     }
@@ -394,7 +406,7 @@ UnwindStats UnwindMaps::stats() const {
   s.map_bytes = shards_.size() * kShardBytes + procs_.size() * sizeof(mt_unwind_proc);
   s.peak_bytes = peak_bytes_;
   s.cap_bytes = cap_bytes_;
-  s.over_cap = over_cap_;
+  s.over_cap = over_cap_said_.size();
   s.build_ms = build_ms_;
   s.load_ms = load_ms_;
   s.failed = failed_;

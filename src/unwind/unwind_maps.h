@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,7 @@ struct UnwindStats {
   size_t map_bytes = 0;       // shards + per-process records in the kernel
   size_t peak_bytes = 0;      // the most the shards took at once
   size_t cap_bytes = 0;       // the cap on the shards
-  size_t over_cap = 0;        // of failed: files left out by the cap
+  size_t over_cap = 0;        // files left out by the cap (their mappings count in failed)
   size_t failed = 0;          // mappings whose file could not be read or loaded
   double build_ms = 0;        // time spent building tables (parsing CFI)
   double load_ms = 0;         // time spent copying rows and adding shards
@@ -136,7 +137,8 @@ class UnwindMaps {
   void bump_epoch(uint32_t gen);
   std::vector<Shard> shards_;
   std::map<uint32_t, uint32_t> free_;  // first -> count (coalesced), within space()
-  size_t cap_bytes_ = 0, peak_bytes_ = 0, over_cap_ = 0;
+  size_t cap_bytes_ = 0, peak_bytes_ = 0;
+  std::set<const CfiTable*> over_cap_said_;  // files whose rows did not fit (message given)
   double build_ms_ = 0, load_ms_ = 0;
   TableStore store_;
   std::map<const CfiTable*, Loaded> loaded_;
