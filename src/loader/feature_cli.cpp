@@ -1,8 +1,10 @@
 #include "loader/feature_cli.h"
 
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 #include "symbolize/debuginfod.h"
+#include "symbolize/symbolize.h"
 
 namespace memtrace::loader {
 
@@ -46,6 +48,10 @@ int run_replay(int argc, char** argv) {
   }
   o.dwarf = !no_dwarf;
   if (no_debuginfod) symbolize::Debuginfod::get().configure({.enabled = false});
+  if (auto bad = symbolize::check_symbol_dirs(o.symbol_dirs); !bad.empty()) {
+    std::cerr << "memtrace-bpf: replay: " << bad << "\n";
+    return 2;
+  }
   return replay(o);
 }
 

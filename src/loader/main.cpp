@@ -9,6 +9,7 @@
 #include "loader/feature_cli.h"
 #include "loader/tracer.h"
 #include "symbolize/debuginfod.h"
+#include "symbolize/symbolize.h"
 
 namespace {
 
@@ -98,6 +99,10 @@ int main(int argc, char** argv) {
   }
   o.stacks = !no_stacks;
   if (no_debuginfod) memtrace::symbolize::Debuginfod::get().configure({.enabled = false});
+  if (auto bad = memtrace::symbolize::check_symbol_dirs(o.symbol_dirs); !bad.empty()) {
+    std::cerr << "memtrace-bpf: " << bad << "\n";
+    return 2;
+  }
   if (check) {
     if (geteuid() != 0) std::cerr << "memtrace-bpf: --check without root: BPF is only probed as this user\n";
     memtrace::loader::Tracer t(std::move(o));

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "symbolize/debuginfod.h"
@@ -32,6 +34,16 @@ bool looks_like_elf(const std::string& path) {
 }
 
 }  // namespace
+
+std::string check_symbol_dirs(const std::vector<std::string>& dirs) {
+  for (const auto& d : dirs) {
+    struct stat st;
+    if (::stat(d.c_str(), &st) != 0) return "--symbols " + d + ": " + std::strerror(errno);
+    if (!S_ISDIR(st.st_mode)) return "--symbols " + d + ": not a directory";
+    if (::access(d.c_str(), R_OK | X_OK) != 0) return "--symbols " + d + ": " + std::strerror(errno);
+  }
+  return "";
+}
 
 DebugFinder::DebugFinder(const Options& opts)
     : symbol_dirs_(opts.symbol_dirs),

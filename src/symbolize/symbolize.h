@@ -66,6 +66,10 @@ struct Options {
 
 class Symbolizer;
 
+// "" when every dir is a readable directory, else one line naming the first
+// that is not ("--symbols /x: No such file or directory").
+std::string check_symbol_dirs(const std::vector<std::string>& dirs);
+
 // The mappings of one process over time (mappings are added, never dropped:
 // a library unmapped before the report still symbolizes its old addresses).
 class AddressSpace {

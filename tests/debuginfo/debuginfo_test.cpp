@@ -410,3 +410,25 @@ TEST(Replay, MissingProgramAndDebugFileFromDebuginfod) {
   EXPECT_NE(notes.find("symbolized with " + work + "/cache/"), std::string::npos) << notes;
   fs::remove_all(work);
 }
+
+// A --symbols DIR that is not a directory: one line naming it, exit 2 (tracing
+// and replay), before anything is traced or read.
+TEST(BadInput, SymbolsDirThatIsNotADirectory) {
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{tool(), "--symbols", "/nonexistent/dir", "--", kBin},
+        std::vector<std::string>{tool(), "--symbols", TARGET_SOURCE, "--", kBin},
+        std::vector<std::string>{tool(), "replay", "/nonexistent.mtr", "--symbols", "/nonexistent/dir"}}) {
+    Child c = spawn(argv);
+    close(c.in);
+    std::string out = read_all(c.out), err = read_all(c.err);
+    EXPECT_EQ(wait_exit(c.pid), 2) << err;
+    close(c.out);
+    close(c.err);
+    EXPECT_EQ(out, "");
+    EXPECT_EQ(count_lines(err, ""), 1u) << err;
+    EXPECT_TRUE(err.find("--symbols " + argv[argv[1] == "replay" ? 4 : 2] + ": ") != std::string::npos) << err;
+    EXPECT_TRUE(err.find("No such file or directory") != std::string::npos ||
+                err.find("not a directory") != std::string::npos)
+        << err;
+  }
+}
