@@ -1,17 +1,24 @@
 #include "symbolize/debuginfod.h"
 
-#include <dlfcn.h>
 #include <elfutils/debuginfod.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include "symbolize/elf_image.h"
+
+extern char** environ;
 
 namespace memtrace::symbolize {
 namespace {
@@ -26,63 +33,15 @@ std::string urls() {
   return u ? u : "";
 }
 
-std::string fd_path(int fd) {
-  char buf[4096];
-  ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+std::string seconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f s", s);
+  return b;
 }
 
-// The query in flight (libdebuginfod's progress callback has no user pointer
-// in every version; queries are serialized by Impl::mu).
-struct Query {
-  Clock::time_point start, last_progress;
-  long last_bytes = -1;
-  bool announced = false;
-  bool stalled = false;
-  std::string what, kind;
-  double progress_after_s = 2;
-  int stall_s = kDefaultStallS;
-  const std::function<void(const std::string&)>* log = nullptr;
-};
-Query* g_query = nullptr;
-
-int on_progress(debuginfod_client*, long a, long b) {
-  Query* q = g_query;
-  if (!q) return 0;
-  auto now = Clock::now();
-  // Until the server answers (b, the size, is known), libdebuginfod passes a
-  // counter in a, not bytes: only data after the answer is progress.
-  if (b > 0 && a != q->last_bytes) {
-    q->last_bytes = a;
-    q->last_progress = now;
-  }
-  double ran = std::chrono::duration<double>(now - q->start).count();
-  if (!q->announced && ran >= q->progress_after_s) {
-    q->announced = true;
-    std::string m = "debuginfod: fetching the " + q->kind + " of " + q->what;
-    if (b > 0) m += ", " + std::to_string((b + (1 << 20) - 1) >> 20) + " MiB";
-    m += ", from " + urls() + " ...";
-    (*q->log)(m);
-  }
-  if (std::chrono::duration<double>(now - q->last_progress).count() >= q->stall_s) {
-    q->stalled = true;
-    return 1;  // abandon: no answer, or no byte, for stall_s seconds
-  }
-  return 0;
-}
+std::mutex g_mu;  // one query at a time
 
 }  // namespace
-
-struct Debuginfod::Impl {
-  void* dl = nullptr;
-  decltype(&debuginfod_begin) begin = nullptr;
-  decltype(&debuginfod_end) end = nullptr;
-  decltype(&debuginfod_find_debuginfo) find_debuginfo = nullptr;
-  decltype(&debuginfod_find_executable) find_executable = nullptr;
-  decltype(&debuginfod_set_progressfn) set_progressfn = nullptr;
-  debuginfod_client* client = nullptr;
-  std::mutex mu;
-};
 
 Debuginfod& Debuginfod::get() {
   static Debuginfod d;
@@ -91,11 +50,6 @@ Debuginfod& Debuginfod::get() {
 
 Debuginfod::Debuginfod() {
   s_.log = [](const std::string& m) { std::fprintf(stderr, "memtrace-bpf: %s\n", m.c_str()); };
-}
-
-Debuginfod::~Debuginfod() {
-  // The client and library stay until exit: libcurl's global state is not
-  // ours to tear down from a static destructor.
 }
 
 void Debuginfod::configure(DebuginfodSettings s) {
@@ -108,82 +62,141 @@ bool Debuginfod::active() const { return s_.enabled && !failed_ && !urls().empty
 
 void Debuginfod::warn(const std::string& msg) { s_.log(msg); }
 
-bool Debuginfod::load() {
-  if (load_tried_) return impl_ && impl_->client;
-  load_tried_ = true;
-  void* h = ::dlopen(s_.library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* e = ::dlerror();
-    warn("DEBUGINFOD_URLS is set, but " + s_.library + " cannot be loaded (" + (e ? e : "?") +
-         "): no debug files are downloaded (Debian: apt install libdebuginfod1)");
-    return false;
+std::string Debuginfod::helper_path() const {
+  if (!s_.helper.empty()) return s_.helper;
+  char self[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    std::string p(self, static_cast<size_t>(n));
+    p = p.substr(0, p.rfind('/') + 1) + "memtrace-debuginfod";
+    if (::access(p.c_str(), X_OK) == 0) return p;
   }
-  auto* im = new Impl();
-  im->dl = h;
-  im->begin = reinterpret_cast<decltype(im->begin)>(::dlsym(h, "debuginfod_begin"));
-  im->end = reinterpret_cast<decltype(im->end)>(::dlsym(h, "debuginfod_end"));
-  im->find_debuginfo = reinterpret_cast<decltype(im->find_debuginfo)>(::dlsym(h, "debuginfod_find_debuginfo"));
-  im->find_executable = reinterpret_cast<decltype(im->find_executable)>(::dlsym(h, "debuginfod_find_executable"));
-  im->set_progressfn = reinterpret_cast<decltype(im->set_progressfn)>(::dlsym(h, "debuginfod_set_progressfn"));
-  if (!im->begin || !im->end || !im->find_debuginfo || !im->find_executable || !im->set_progressfn) {
-    warn(s_.library + " lacks the debuginfod_* functions: no debug files are downloaded");
-    delete im;
-    return false;
-  }
-  im->client = im->begin();
-  if (!im->client) {
-    warn("debuginfod_begin failed: no debug files are downloaded");
-    delete im;
-    return false;
-  }
-  im->set_progressfn(im->client, on_progress);
-  impl_ = im;
-  return true;
+#ifdef MEMTRACE_DEBUGINFOD_BUILD_PATH
+  if (::access(MEMTRACE_DEBUGINFOD_BUILD_PATH, X_OK) == 0) return MEMTRACE_DEBUGINFOD_BUILD_PATH;
+#endif
+  return "memtrace-debuginfod (next to this program)";
 }
 
 Debuginfod::Found Debuginfod::find(const std::string& build_id, const char* kind, const std::string& what) {
   Found res;
-  if (build_id.empty() || !active() || !load()) return res;
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  ++stats_.queries;
-  Query q;
-  q.start = q.last_progress = Clock::now();
-  q.what = what + ", build-id " + hex(build_id);
-  q.kind = std::strcmp(kind, "executable") == 0 ? "executable" : "debug file";
-  q.progress_after_s = s_.progress_after_s;
-  q.stall_s = s_.stall_timeout_s;
-  if (q.stall_s <= 0) {
-    const char* t = std::getenv(DEBUGINFOD_TIMEOUT_ENV_VAR);
-    q.stall_s = t && std::atoi(t) > 0 ? std::atoi(t) : kDefaultStallS;
-  }
-  q.log = &s_.log;
-  g_query = &q;
-  const auto* id = reinterpret_cast<const unsigned char*>(build_id.data());
-  int n = static_cast<int>(build_id.size());
-  // path = nullptr: the string would be malloc'ed by the library's libc.
-  int fd = std::strcmp(kind, "executable") == 0 ? impl_->find_executable(impl_->client, id, n, nullptr)
-                                                : impl_->find_debuginfo(impl_->client, id, n, nullptr);
-  g_query = nullptr;
-  double took = std::chrono::duration<double>(Clock::now() - q.start).count();
-  if (fd >= 0) {
-    ++stats_.found;
-    res.fd = Fd(fd);
-    res.path = fd_path(fd);
+  if (build_id.empty() || !active()) return res;
+  std::lock_guard<std::mutex> lk(g_mu);
+  std::string helper = helper_path();
+  if (::access(helper.c_str(), X_OK) != 0) {
+    warn("DEBUGINFOD_URLS is set, but " + helper + " is missing: no debug files are downloaded");
+    failed_ = true;
     return res;
   }
-  if (fd == -ENOENT && !q.stalled) {  // no server has it: normal (an abandoned query reports ENOENT too)
-    ++stats_.not_found;
+  ++stats_.queries;
+  const std::string k = std::strcmp(kind, "executable") == 0 ? "executable" : "debuginfo";
+  const std::string noun = k == "executable" ? "executable" : "debug file";
+  const std::string about = noun + " of " + what + ", build-id " + hex(build_id);
+  int stall_s = s_.stall_timeout_s;
+  if (stall_s <= 0) {
+    const char* t = std::getenv(DEBUGINFOD_TIMEOUT_ENV_VAR);
+    stall_s = t && std::atoi(t) > 0 ? std::atoi(t) : kDefaultStallS;
+  }
+
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return res;
+  Fd rd(p[0]), wr(p[1]);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
+  std::string id = hex(build_id);
+  char* argv[] = {helper.data(), const_cast<char*>(k.c_str()), id.data(), nullptr};
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, helper.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  wr.reset();
+  if (rc != 0) {
+    warn("debuginfod: cannot run " + helper + ": " + std::strerror(rc) + ": no debug files are downloaded");
+    failed_ = true;
+    return res;
+  }
+
+  // Its progress lines, until its answer or until it stalls.
+  auto start = Clock::now(), last_progress = start;
+  long last_bytes = -1;
+  bool announced = false, stalled = false;
+  std::string buf, answer;
+  for (;;) {
+    pollfd pf{rd.get(), POLLIN, 0};
+    int n = ::poll(&pf, 1, 200);
+    if (n < 0 && errno != EINTR) break;
+    bool eof = false;
+    if (n > 0) {
+      char b[4096];
+      ssize_t r = ::read(rd.get(), b, sizeof b);
+      if (r <= 0) eof = true;
+      else buf.append(b, static_cast<size_t>(r));
+    }
+    auto now = Clock::now();
+    for (size_t nl; (nl = buf.find('\n')) != std::string::npos; buf.erase(0, nl + 1)) {
+      std::string line = buf.substr(0, nl);
+      long a = 0, sz = 0;
+      if (std::sscanf(line.c_str(), "progress %ld %ld", &a, &sz) == 2) {
+        // Until the server answers (sz, the size, known), a is a counter,
+        // not bytes: only data after the answer is progress.
+        if (sz > 0 && a != last_bytes) {
+          last_bytes = a;
+          last_progress = now;
+        }
+        if (!announced && std::chrono::duration<double>(now - start).count() >= s_.progress_after_s) {
+          announced = true;
+          std::string m = "debuginfod: fetching the " + about;
+          if (sz > 0) m += ", " + std::to_string((sz + (1 << 20) - 1) >> 20) + " MiB";
+          warn(m + ", from " + urls() + " ...");
+        }
+      } else {
+        answer = line;
+      }
+    }
+    if (eof) break;
+    if (std::chrono::duration<double>(now - last_progress).count() >= stall_s) {
+      stalled = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+  }
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  double took = std::chrono::duration<double>(Clock::now() - start).count();
+
+  if (!stalled && answer.rfind("ok ", 0) == 0) {
+    std::string path = answer.substr(3);
+    res.fd = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (res.fd.valid()) {
+      ++stats_.found;
+      res.path = path;
+      return res;
+    }
+  }
+  int err = 0;
+  if (!stalled && std::sscanf(answer.c_str(), "error %d", &err) == 1 && err == ENOENT) {
+    ++stats_.not_found;  // no server has it: normal
     return res;
   }
   ++stats_.failed;
   failed_ = true;
-  char b[64];
-  std::snprintf(b, sizeof b, " after %.1f s", took);
-  std::string why = q.stalled ? (q.last_bytes < 0 ? "no answer" : "no data") + std::string(" for ") +
-                                    std::to_string(q.stall_s) + " s (DEBUGINFOD_TIMEOUT)"
-                              : std::strerror(-fd) + std::string(b);
-  warn("debuginfod: " + urls() + ": " + why + ", asking for the " + q.kind + " of " + q.what +
-       ": no more downloads in this run");
+  std::string why;
+  if (stalled)
+    why = std::string(last_bytes < 0 ? "no answer" : "no data") + " for " + std::to_string(stall_s) +
+          " s (DEBUGINFOD_TIMEOUT)";
+  else if (err > 0)
+    why = std::string(std::strerror(err)) + " after " + seconds(took);
+  else if (answer.rfind("nolib ", 0) == 0) {
+    warn("DEBUGINFOD_URLS is set, but libdebuginfod cannot be loaded (" + answer.substr(6) +
+         "): no debug files are downloaded (Debian: apt install libdebuginfod1)");
+    return res;
+  } else if (answer.rfind("ok ", 0) == 0)
+    why = "cannot open " + answer.substr(3) + ": " + std::strerror(errno);
+  else
+    why = helper + (WIFSIGNALED(st) ? " died of signal " + std::to_string(WTERMSIG(st))
+                                    : " exited with status " + std::to_string(WEXITSTATUS(st)));
+  warn("debuginfod: " + urls() + ": " + why + ", asking for the " + about + ": no more downloads in this run");
   return res;
 }
 

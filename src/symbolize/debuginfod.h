@@ -1,20 +1,21 @@
 // Debug files by build-id from the servers in DEBUGINFOD_URLS, as gdb, perf
 // and valgrind fetch them: through elfutils' libdebuginfod, with its cache
 // (DEBUGINFOD_CACHE_PATH, else ~/.cache/debuginfod_client) and its other
-// variables (DEBUGINFOD_TIMEOUT, DEBUGINFOD_MAXSIZE, ...).
+// variables (DEBUGINFOD_MAXSIZE, DEBUGINFOD_VERBOSE, ...).
 //
-// libdebuginfod.so.1 is dlopen'ed on first use, not linked: memtrace-bpf is
-// one static binary, and libdebuginfod (no .a in Debian) pulls libcurl and a
-// TLS stack with it. Without the library the tool runs as before, with one
-// warning when DEBUGINFOD_URLS asks for it. (A static program's dlopen needs
-// the glibc it was linked with at run time; with another, the dlopen fails and
-// the same warning says so.)
+// Each query runs in a child process, memtrace-debuginfod (tools/
+// debuginfod_helper.cpp), next to the tool: a small dynamically linked program
+// that dlopens libdebuginfod.so.1. Not in this process: memtrace-bpf is one
+// static binary, Debian ships no libdebuginfod.a, and libdebuginfod's libcurl
+// starts a resolver thread per host name, which crashes a static program that
+// dlopen'ed it (a second glibc). Without the helper or the library the tool
+// runs as before, with one warning when DEBUGINFOD_URLS asks for downloads.
 //
-// Bounds: a server that does not answer, or a download that makes no
-// progress, for DEBUGINFOD_TIMEOUT seconds (default here 15, not
-// libdebuginfod's 90) is abandoned; a server that is down, refuses or stalls
-// costs one warning, and no further queries are made in this run. A download
-// running longer than 2 s prints one line on stderr.
+// Bounds, enforced by killing the child: a server that does not answer, or a
+// download that makes no progress, for DEBUGINFOD_TIMEOUT seconds (default
+// here 15, not libdebuginfod's 90) is abandoned; a server that is down,
+// refuses or stalls costs one warning, and no further queries are made in
+// this run. A download running longer than 2 s prints one line on stderr.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -25,10 +26,12 @@
 namespace memtrace::symbolize {
 
 struct DebuginfodSettings {
-  bool enabled = true;                // --no-debuginfod: false
-  double progress_after_s = 2.0;      // one progress line for a download running longer
-  int stall_timeout_s = 0;            // 0: DEBUGINFOD_TIMEOUT if set, else 15
-  std::string library = "libdebuginfod.so.1";
+  bool enabled = true;            // --no-debuginfod: false
+  double progress_after_s = 2.0;  // one progress line for a download running longer
+  int stall_timeout_s = 0;        // 0: DEBUGINFOD_TIMEOUT if set, else 15
+  // The helper program; "": memtrace-debuginfod next to this program's
+  // binary, else the one of this build tree.
+  std::string helper;
   // Where warnings and the progress line go (one line each, no newline);
   // default: stderr, prefixed "memtrace-bpf: ".
   std::function<void(const std::string&)> log;
@@ -42,7 +45,7 @@ class Debuginfod {
   void configure(DebuginfodSettings s);
 
   // Whether queries would be made: enabled, DEBUGINFOD_URLS non-empty, and
-  // no server failure yet in this run.
+  // no failure yet in this run.
   bool active() const;
 
   // The debug file (kind "debuginfo") or executable (kind "executable") with
@@ -60,17 +63,13 @@ class Debuginfod {
   };
   Stats stats() const { return stats_; }
 
-  struct Impl;
-
  private:
   Debuginfod();
-  ~Debuginfod();
   void warn(const std::string& msg);
-  bool load();
+  std::string helper_path() const;
 
   DebuginfodSettings s_;
-  Impl* impl_ = nullptr;
-  bool load_tried_ = false, failed_ = false;
+  bool failed_ = false;
   Stats stats_;
 };
 
