@@ -190,7 +190,7 @@ void ProbeSet::reset_before_exit() {
 }
 
 Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, const MapEntry& m) {
-  auto key = std::make_pair(static_cast<uint64_t>(makedev(m.dev_major, m.dev_minor)), m.inode);
+  auto key = std::make_pair(static_cast<uint64_t>(m.dev), m.inode);
   auto it = objects_.find(key);
   if (it != objects_.end()) return static_cast<const AllocatorObject*>(it->second.get());
 
@@ -256,8 +256,8 @@ Result<const AllocatorObject*> Attacher::find_allocator(pid_t pid, const std::ve
     if (!m.exec() || !m.file()) continue;
     if (m.path.find("/ld-linux") != std::string::npos) continue;
     if (!object_matches(m.path)) continue;
-    if (seen[{makedev(m.dev_major, m.dev_minor), m.inode}]) continue;
-    seen[{makedev(m.dev_major, m.dev_minor), m.inode}] = true;
+    if (seen[{m.dev, m.inode}]) continue;
+    seen[{m.dev, m.inode}] = true;
     auto r = analyze(openable_path(pid, m), m);
     if (!r) {
       last_err = r.error().message;

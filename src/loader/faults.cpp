@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "report/report.h"
-#include "symbolize/proc_maps.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::loader {
 namespace {
@@ -73,7 +73,7 @@ std::optional<heap::FaultHit> MapsCache::lookup(pid_t pid, uint64_t addr, uint64
   // since); an older one may not, or may show an earlier mapping there.
   if (sit != snaps_.end() && sit->second.taken_ns >= ts) return find(sit->second);
   uint64_t now = mono_ns();
-  auto maps = symbolize::read_maps(pid);
+  auto maps = procfs::read_maps(pid);
   if (!maps) {  // gone: the last snapshot is all there is
     if (sit != snaps_.end()) return find(sit->second);
     return std::nullopt;
@@ -187,7 +187,7 @@ Result<AddrRange> parse_range(const std::string& spec) {
 }
 
 Result<void> check_mapped(pid_t pid, const AddrRange& r) {
-  auto maps = symbolize::read_maps(pid);
+  auto maps = procfs::read_maps(pid);
   if (!maps) return maps.error();
   uint64_t a = r.start & ~4095ull;
   std::sort(maps->begin(), maps->end(), [](const auto& x, const auto& y) { return x.start < y.start; });

@@ -15,39 +15,6 @@
 
 namespace memtrace::loader {
 
-Result<std::vector<MapEntry>> read_maps(pid_t pid) {
-  std::string fn = "/proc/" + std::to_string(pid) + "/maps";
-  FILE* f = fopen(fn.c_str(), "re");
-  if (!f) return Error::sys("open " + fn);
-  std::vector<MapEntry> out;
-  char line[4096 + 256];
-  while (fgets(line, sizeof line, f)) {
-    MapEntry m;
-    char perms[8] = {};
-    int path_at = 0;
-    unsigned long long start, end, off, ino;
-    unsigned maj, min;
-    if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &min,
-               &ino, &path_at) < 7)
-      continue;
-    m.start = start;
-    m.end = end;
-    m.offset = off;
-    m.perms = perms;
-    m.dev_major = maj;
-    m.dev_minor = min;
-    m.inode = ino;
-    if (path_at > 0) {
-      std::string p = line + path_at;
-      while (!p.empty() && (p.back() == '\n' || p.back() == ' ')) p.pop_back();
-      m.path = p;
-    }
-    out.push_back(std::move(m));
-  }
-  fclose(f);
-  return out;
-}
-
 static std::string slurp(const std::string& fn) {
   std::ifstream in(fn);
   std::stringstream ss;
@@ -101,7 +68,7 @@ std::string openable_path(pid_t pid, const MapEntry& m) {
   std::string root = "/proc/" + std::to_string(pid) + "/root" + m.path;
   struct stat st{};
   if (stat(root.c_str(), &st) == 0 && st.st_ino == m.inode &&
-      major(st.st_dev) == m.dev_major && minor(st.st_dev) == m.dev_minor)
+      st.st_dev == m.dev)
     return root;
   char buf[96];
   snprintf(buf, sizeof buf, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, pid, m.start, m.end);

@@ -8,20 +8,12 @@
 #include <vector>
 
 #include "common/result.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::loader {
 
-struct MapEntry {
-  uint64_t start = 0, end = 0, offset = 0;
-  std::string perms;
-  uint32_t dev_major = 0, dev_minor = 0;
-  uint64_t inode = 0;
-  std::string path;
-  bool exec() const { return perms.size() > 2 && perms[2] == 'x'; }
-  bool file() const { return inode != 0 && !path.empty() && path[0] == '/'; }
-};
-
-Result<std::vector<MapEntry>> read_maps(pid_t pid);
+using MapEntry = procfs::Mapping;  // src/procfs: the one parser of /proc/PID/maps
+using procfs::read_maps;
 std::optional<std::string> read_comm(pid_t pid);
 std::optional<pid_t> tgid_of(pid_t tid);  // from /proc/TID/status
 std::optional<pid_t> ppid_of(pid_t pid);

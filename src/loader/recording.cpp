@@ -17,7 +17,7 @@
 #include "elf/elf_file.h"
 #include "loader/procfs.h"
 #include "memtrace.h"
-#include "symbolize/proc_maps.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::loader {
 
@@ -89,7 +89,7 @@ void Recorder::write_json(RecType t, const nlohmann::json& j) {
 }
 
 void Recorder::capture_maps(pid_t pid) {
-  auto maps = symbolize::read_maps(pid);
+  auto maps = procfs::read_maps(pid);
   if (!maps) return;  // gone: what was captured before stays
   auto& seen = seen_[pid];
   nlohmann::json arr = nlohmann::json::array();

@@ -395,7 +395,7 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
   // The files already mapped are settled: a later mapping of a new file may
   // bring a second allocator (attach_more_allocators).
   for (const auto& m : *maps)
-    if (m.exec() && m.file()) p.objects.insert({makedev(m.dev_major, m.dev_minor), m.inode});
+    if (m.exec() && m.file()) p.objects.insert({m.dev, m.inode});
   unwind_add(pid);
   set_target_state(pid, MT_TS_TRACED, 1);
   log("attached " + std::to_string(p.probes.size()) + " probes to pid " + std::to_string(pid) + " in " + where.path +
@@ -413,7 +413,7 @@ void Tracer::attach_more_allocators(pid_t pid) {
   if (!maps) return;
   for (const auto& m : *maps) {
     if (!m.exec() || !m.file()) continue;
-    auto key = std::make_pair(static_cast<uint64_t>(makedev(m.dev_major, m.dev_minor)), m.inode);
+    auto key = std::make_pair(static_cast<uint64_t>(m.dev), m.inode);
     if (!p.objects.insert(key).second) continue;
     auto obj = attacher_->object_at(pid, m);
     if (!obj || !*obj || (*obj)->family == "glibc") continue;

@@ -147,7 +147,7 @@ void Tracer::alloc_breakpoint(pid_t tid, user_regs_struct& regs) {
         int prot = PROT_READ | PROT_WRITE;
         if (maps)
           for (const auto& m : *maps)
-            if (pg >= m.start && pg < m.end) prot = m.prot;
+            if (pg >= m.start && pg < m.end) prot = m.prot();
         pages_[pg] = Page{prot, prot};
         guardian_note("page " + hex(pg) + " " + std::to_string(prot));
         (void)set_prot(tid, pg, 1, PROT_NONE);

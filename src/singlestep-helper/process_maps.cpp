@@ -13,29 +13,6 @@
 
 namespace memtrace::singlestep {
 
-Result<std::vector<Mapping>> read_maps(pid_t pid) {
-  std::string path = "/proc/" + std::to_string(pid) + "/maps";
-  std::ifstream in(path);
-  if (!in) return Error::sys("open " + path);
-  std::vector<Mapping> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    Mapping m;
-    char perms[8] = {};
-    unsigned long long s, e, off;
-    int pos = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s%n", &s, &e, perms, &off, &pos) < 4) continue;
-    m.start = s, m.end = e, m.offset = off;
-    m.prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) | (perms[2] == 'x' ? PROT_EXEC : 0);
-    m.shared = perms[3] == 's';
-    std::string rest = line.substr(static_cast<size_t>(pos));
-    size_t p = rest.find_first_not_of(' ');
-    m.path = p == std::string::npos ? "" : rest.substr(p);
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
 void ProcessSymbols::refresh() {
   loaded_ = true;
   char buf[PATH_MAX];

@@ -11,18 +11,13 @@
 #include <vector>
 
 #include "common/result.h"
+#include "procfs/proc_maps.h"
 #include "elf/elf_file.h"
 
 namespace memtrace::singlestep {
 
-struct Mapping {
-  uint64_t start = 0, end = 0, offset = 0;
-  int prot = 0;  // PROT_READ | PROT_WRITE | PROT_EXEC
-  bool shared = false;
-  std::string path;
-};
-
-Result<std::vector<Mapping>> read_maps(pid_t pid);
+using Mapping = procfs::Mapping;  // src/procfs: the one parser of /proc/PID/maps
+using procfs::read_maps;
 
 struct SymbolRange {
   uint64_t start = 0, size = 0;

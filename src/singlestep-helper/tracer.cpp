@@ -369,10 +369,10 @@ Result<void> Tracer::arm() {
       std::snprintf(buf, sizeof buf, "region 0x%llx+%llu", (unsigned long long)reg.addr, (unsigned long long)reg.len);
       if (m == maps->end())
         return Error::msg(std::string(buf) + " is not mapped in process " + std::to_string(pid_));
-      if (!(m->prot & PROT_READ))
+      if (!(m->readable()))
         return Error::msg(std::string(buf) + " is not readable in process " + std::to_string(pid_) + " (" +
                           (m->path.empty() ? "anonymous" : m->path) + ")");
-      pages_[p] = Page{m->prot, m->prot};
+      pages_[p] = Page{m->prot(), m->prot()};
     }
   }
   if (opt_.rearm_ms <= 0 && (opt_.mode == "hw" || (opt_.mode == "auto" && HwWatch::eligible(report_.regions) && opt_.track_allocs_from.empty()))) {
@@ -390,7 +390,7 @@ Result<void> Tracer::arm() {
   report_.rearm_ms = opt_.rearm_ms;
   // A syscall instruction to run injected system calls: the vDSO has one.
   for (const auto& m : *maps) {
-    if (!(m.prot & PROT_EXEC)) continue;
+    if (!m.exec()) continue;
     if (m.path != "[vdso]" && syscall_insn_) continue;
     std::vector<uint8_t> code(m.end - m.start);
     if (!mem_read(m.start, code.data(), code.size())) continue;

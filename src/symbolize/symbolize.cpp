@@ -14,7 +14,7 @@
 #include "common/fd.h"
 #include "symbolize/debug_finder.h"
 #include "symbolize/module.h"
-#include "symbolize/proc_maps.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::symbolize {
 
@@ -160,7 +160,7 @@ Symbolizer::~Symbolizer() = default;
 Symbolizer::Stats Symbolizer::stats() const { return impl_->stats; }
 
 Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
-  auto maps = read_maps(pid);
+  auto maps = procfs::read_maps(pid);
   if (!maps) return maps.error();
   auto& a = as.impl();
   a.pid = pid;

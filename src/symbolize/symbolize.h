@@ -13,15 +13,11 @@
 #include <vector>
 
 #include "common/result.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::symbolize {
 
-struct MappingInfo {
-  uint64_t start = 0, end = 0, offset = 0;  // runtime range, file offset
-  uint64_t dev = 0, inode = 0;              // makedev(major, minor), inode
-  std::string perms;                        // "r-xp"
-  std::string path;                         // as in /proc/PID/maps
-};
+using MappingInfo = procfs::Mapping;  // one line of /proc/PID/maps (src/procfs)
 
 struct Frame {
   std::string function;  // demangled; "" if unknown

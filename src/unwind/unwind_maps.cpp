@@ -20,27 +20,6 @@
 
 namespace memtrace::unwind {
 
-Result<std::vector<ProcMapping>> read_proc_maps(pid_t pid) {
-  std::string p = "/proc/" + std::to_string(pid) + "/maps";
-  std::ifstream in(p);
-  if (!in) return Error::sys("open " + p);
-  std::vector<ProcMapping> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    ProcMapping m;
-    char perms[8] = {};
-    char dev[32] = {};
-    int path_at = 0;
-    if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %31s %" SCNu64 " %n",
-                    &m.start, &m.end, perms, &m.offset, dev, &m.inode, &path_at) < 6)
-      continue;
-    m.perms = perms;
-    if (path_at > 0 && static_cast<size_t>(path_at) <= line.size()) m.path = line.substr(path_at);
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
 Result<std::unique_ptr<UnwindMaps>> UnwindMaps::create(const bpf_map* shards, const bpf_map* procs,
                                                        const bpf_map* epoch, size_t cap_bytes) {
   return create_fds(bpf_map__fd(shards), bpf_map__max_entries(shards), bpf_map__fd(procs),
@@ -299,7 +278,7 @@ Result<void> UnwindMaps::publish(pid_t pid) {
 }
 
 Result<void> UnwindMaps::add_process(pid_t pid) {
-  auto maps = read_proc_maps(pid);
+  auto maps = procfs::read_maps(pid);
   if (!maps) return maps.error();
   std::vector<Mapping> fresh;
   std::string errors;
@@ -349,7 +328,13 @@ Result<void> UnwindMaps::on_exec_mapping(pid_t pid, uint64_t start, uint64_t end
       ++it;
     }
   }
-  ProcMapping m{start, end, offset, "r-xp", 1, path};
+  ProcMapping m;
+  m.start = start;
+  m.end = end;
+  m.offset = offset;
+  m.perms = "r-xp";
+  m.inode = 1;
+  m.path = path;
   std::vector<Mapping> one;
   Result<void> err;
   if (auto r = add_mapping(pid, m, &one); !r) {

@@ -29,20 +29,14 @@
 
 #include "common/fd.h"
 #include "common/result.h"
+#include "procfs/proc_maps.h"
 #include "unwind/table_store.h"
 
 struct bpf_map;
 
 namespace memtrace::unwind {
 
-// One line of /proc/PID/maps.
-struct ProcMapping {
-  uint64_t start = 0, end = 0, offset = 0;
-  std::string perms;  // "r-xp"
-  uint64_t inode = 0;
-  std::string path;   // "" for anonymous
-};
-Result<std::vector<ProcMapping>> read_proc_maps(pid_t pid);
+using ProcMapping = procfs::Mapping;  // one line of /proc/PID/maps (src/procfs)
 
 struct UnwindStats {
   size_t processes = 0;

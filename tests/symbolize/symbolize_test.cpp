@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "symbolize/proc_maps.h"
+#include "procfs/proc_maps.h"
 #include "symbolize/symbolize.h"
 #include "test_env.h"
 
@@ -501,20 +501,20 @@ TEST(LiveProcess, ContainerFileThroughProcRoot) {
 
 TEST(Mappings, ParseMapsLine) {
   MappingInfo m;
-  ASSERT_TRUE(parse_maps_line("7f0a1c000000-7f0a1c021000 r-xp 00002000 fe:01 1234567    /usr/lib/x86_64-linux-gnu/libc.so.6 (deleted)", m));
+  ASSERT_TRUE(memtrace::procfs::parse_maps_line("7f0a1c000000-7f0a1c021000 r-xp 00002000 fe:01 1234567    /usr/lib/x86_64-linux-gnu/libc.so.6 (deleted)", m));
   EXPECT_EQ(m.start, 0x7f0a1c000000u);
   EXPECT_EQ(m.end, 0x7f0a1c021000u);
   EXPECT_EQ(m.offset, 0x2000u);
   EXPECT_EQ(m.inode, 1234567u);
   EXPECT_EQ(m.perms, "r-xp");
   EXPECT_EQ(m.path, "/usr/lib/x86_64-linux-gnu/libc.so.6 (deleted)");
-  ASSERT_TRUE(parse_maps_line("ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]", m));
+  ASSERT_TRUE(memtrace::procfs::parse_maps_line("ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]", m));
   EXPECT_EQ(m.path, "[vsyscall]");
-  ASSERT_TRUE(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0", m));
+  ASSERT_TRUE(memtrace::procfs::parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0", m));
   EXPECT_EQ(m.path, "");
-  EXPECT_FALSE(parse_maps_line("garbage", m));
-  EXPECT_FALSE(parse_maps_line("2000-1000 r-xp 0 0:0 0", m));
-  EXPECT_EQ(parse_maps("1000-2000 r-xp 00000000 00:00 0 /a\nbad\n3000-4000 r--p 00000000 00:00 0 /b\n").size(), 2u);
+  EXPECT_FALSE(memtrace::procfs::parse_maps_line("garbage", m));
+  EXPECT_FALSE(memtrace::procfs::parse_maps_line("2000-1000 r-xp 0 0:0 0", m));
+  EXPECT_EQ(memtrace::procfs::parse_maps("1000-2000 r-xp 00000000 00:00 0 /a\nbad\n3000-4000 r--p 00000000 00:00 0 /b\n").size(), 2u);
 }
 
 TEST(Mappings, NewerMappingShadowsOlderOnlyWhereTheyOverlap) {

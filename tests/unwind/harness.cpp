@@ -131,15 +131,15 @@ Result<Run> trace(const std::vector<std::string>& argv, const Options& opt) {
       for (int i = 0; i < 2000 && task_state(pid, tid) != 'T' && task_state(pid, tid) != 't'; i++)
         usleep(500);
       if (auto r = (*maps)->add_process(pid); !r) run.table_errors += r.error().message + "\n";
-      if (auto m = read_proc_maps(pid)) run.maps = std::move(*m);
+      if (auto m = procfs::read_maps(pid)) run.maps = std::move(*m);
       kill(pid, SIGCONT);
     }
     ctx.stopped.clear();
     if (run.maps.empty()) {
-      if (auto m = read_proc_maps(pid)) run.maps = std::move(*m);
+      if (auto m = procfs::read_maps(pid)) run.maps = std::move(*m);
     }
     if (ctx.got_stack && opt.stop_after_first) {
-      if (auto m = read_proc_maps(pid); m && !m->empty()) run.maps = std::move(*m);
+      if (auto m = procfs::read_maps(pid); m && !m->empty()) run.maps = std::move(*m);
       break;
     }
     if (waitpid(pid, &st, WNOHANG) == pid && (WIFEXITED(st) || WIFSIGNALED(st))) {

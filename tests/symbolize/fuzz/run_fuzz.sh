@@ -13,7 +13,7 @@ if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/tests/symbolize/fuzz" -newer "
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I"$src/src" -o "$stamp.tmp" \
     "$src/tests/symbolize/fuzz/fuzz_symbolize.cpp" \
-    "$sym/symbolize.cpp" "$sym/proc_maps.cpp" "$sym/elf_image.cpp" "$sym/dwarf_index.cpp" \
+    "$sym/symbolize.cpp" "$sym/../procfs/proc_maps.cpp" "$sym/elf_image.cpp" "$sym/dwarf_index.cpp" \
     "$sym/debug_finder.cpp" "$sym/module.cpp" "$sym/minidebuginfo.cpp" "$sym/debuginfod.cpp" \
     -ldw -lelf -llzma -ldl
   mv "$stamp.tmp" "$stamp"

@@ -1,14 +1,21 @@
-#include "symbolize/proc_maps.h"
+#include "procfs/proc_maps.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 
 #include "common/fd.h"
 
-namespace memtrace::symbolize {
+namespace memtrace::procfs {
+
+int Mapping::prot() const {
+  return (readable() ? PROT_READ : 0) | (writable() ? PROT_WRITE : 0) | (exec() ? PROT_EXEC : 0);
+}
+
 namespace {
 
 bool take_hex(std::string_view& s, uint64_t& v) {
@@ -34,7 +41,7 @@ void skip_spaces(std::string_view& s) {
 
 }  // namespace
 
-bool parse_maps_line(std::string_view s, MappingInfo& m) {
+bool parse_maps_line(std::string_view s, Mapping& m) {
   uint64_t maj = 0, min = 0;
   if (!take_hex(s, m.start) || !take_char(s, '-') || !take_hex(s, m.end) || !take_char(s, ' '))
     return false;
@@ -52,12 +59,12 @@ bool parse_maps_line(std::string_view s, MappingInfo& m) {
   return m.end > m.start;
 }
 
-std::vector<MappingInfo> parse_maps(std::string_view text) {
-  std::vector<MappingInfo> out;
+std::vector<Mapping> parse_maps(std::string_view text) {
+  std::vector<Mapping> out;
   while (!text.empty()) {
     size_t nl = text.find('\n');
     std::string_view line = text.substr(0, nl);
-    MappingInfo m;
+    Mapping m;
     if (parse_maps_line(line, m)) out.push_back(std::move(m));
     if (nl == std::string_view::npos) break;
     text.remove_prefix(nl + 1);
@@ -65,7 +72,7 @@ std::vector<MappingInfo> parse_maps(std::string_view text) {
   return out;
 }
 
-Result<std::vector<MappingInfo>> read_maps(pid_t pid) {
+Result<std::vector<Mapping>> read_maps(pid_t pid) {
   std::string path = "/proc/" + std::to_string(pid) + "/maps";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return Error::sys("open " + path);
@@ -83,4 +90,4 @@ Result<std::vector<MappingInfo>> read_maps(pid_t pid) {
   return parse_maps(text);
 }
 
-}  // namespace memtrace::symbolize
+}  // namespace memtrace::procfs
