@@ -163,7 +163,18 @@ int main(int argc, char** argv) {
       std::snprintf(b, sizeof b, "%#lx", (unsigned long)ip);
       return sym.name(ip) + "@" + f.substr(f.rfind('/') + 1) + ":" + b;
     };
+    // gdb walks on past the outermost frame of ld.so's _start (the frame
+    // that runs the constructors) into argc and argv: what is not code ends
+    // its stack.
+    auto code = [&](uint64_t ip) {
+      for (auto& m : run->maps)
+        if (ip >= m.start && ip < m.end) return m.exec();
+      return false;
+    };
     for (auto& g : samples) {
+      size_t keep = 0;
+      while (keep < g.size() && code(g[keep])) keep++;
+      g.resize(keep);
       // The captured stack that agrees with gdb's longest.
       size_t best = 0;
       const std::vector<uint64_t>* bo = nullptr;
