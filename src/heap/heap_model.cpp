@@ -130,6 +130,9 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
   if (e.old_addr) p.realloc_parked.erase(e.h.tid);  // realloc succeeded
   p.s.allocs++;
   p.s.bytes_allocated += e.size;
+  auto& sa = p.stack_allocs[e.stack_id];
+  sa.allocs++;
+  sa.bytes += e.size;
   auto [it, inserted] = p.live.try_emplace(e.addr, Block{e.size, e.stack_id, e.h.ts});
   if (!inserted) {
     // A block we believe is live was handed out again: its free was lost.
@@ -307,6 +310,7 @@ void HeapModel::clear(pid_t pid) {
   p.fault_stacks.clear();
   p.fault_regions.clear();
   p.alloc_sites.clear();
+  p.stack_allocs.clear();
   Summary fresh;
   fresh.brk_start = p.s.brk_start;
   fresh.brk_now = p.s.brk_now;

@@ -81,6 +81,12 @@ struct SiteAllocs {  // allocations by stack, kept while faults are traced
   uint64_t bytes = 0, blocks = 0, touched_blocks = 0;
 };
 
+// Allocator calls by allocation stack (always kept: one entry per distinct
+// stack of the process, for the folded and pprof outputs' alloc counts).
+struct StackAllocs {
+  uint64_t allocs = 0, bytes = 0;
+};
+
 struct Summary {
   uint64_t allocs = 0, frees = 0, bytes_allocated = 0;
   uint64_t in_use_bytes = 0, in_use_blocks = 0, peak_in_use_bytes = 0;
@@ -101,6 +107,7 @@ struct Process {
   bool exited = false;
   Summary s;
   std::unordered_map<uint64_t, Block> live;
+  std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // by stack id: malloc family only
   std::map<uint64_t, Mapping> maps;  // by start
   // realloc(p, n): p's block, parked from its free at entry until the return
   // says whether realloc succeeded.

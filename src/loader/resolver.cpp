@@ -71,6 +71,7 @@ std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const A
     f.function = fr.function;
     f.offset = fr.offset;
     f.module = fr.module;
+    f.module_offset = s.module_offset;
     f.file = fr.file;
     f.line = fr.line;
     f.column = fr.column;
