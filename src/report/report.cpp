@@ -15,20 +15,6 @@ std::string hex(uint64_t v) {
   return b;
 }
 
-std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, pid_t pid,
-                                uint64_t stack_id, bool* truncated) {
-  std::vector<FrameOut> out;
-  const heap::Stack* st = m.stack(stack_id);
-  if (!st) return out;
-  if (truncated) *truncated = st->truncated;
-  for (size_t i = 0; i < st->ips.size(); i++) {
-    // Every recorded ip is a return address (the caller's call site).
-    auto fs = r(pid, st->ips[i], true);
-    for (auto& f : fs) out.push_back(std::move(f));
-  }
-  return out;
-}
-
 std::string describe(const FrameOut& f) {
   std::string s = hex(f.address) + " ";
   if (!f.function.empty()) {
@@ -56,6 +42,20 @@ void write_frames_text(std::ostream& os, const heap::HeapModel& m, const Resolve
 }
 
 }  // namespace
+
+std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, pid_t pid,
+                                uint64_t stack_id, bool* truncated) {
+  std::vector<FrameOut> out;
+  const heap::Stack* st = m.stack(stack_id);
+  if (!st) return out;
+  if (truncated) *truncated = st->truncated;
+  for (size_t i = 0; i < st->ips.size(); i++) {
+    // Every recorded ip is a return address (the caller's call site).
+    auto fs = r(pid, st->ips[i], true);
+    for (auto& f : fs) out.push_back(std::move(f));
+  }
+  return out;
+}
 
 nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
                            bool* trunc) {

@@ -20,7 +20,7 @@ struct FrameOut {
   std::string function;  // "" if unknown
   uint64_t offset = 0;
   std::string module;
-  uint64_t module_offset = 0;  // file offset of address in module (unknown frames)
+  uint64_t module_offset = 0;  // file offset of the address looked up in module
   std::string file;
   int line = 0;
   int column = 0;  // 0: unknown
@@ -62,6 +62,10 @@ std::vector<std::pair<std::string, heap::SiteFaults>> fault_regions(const heap::
 void write_faults_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
                        size_t top);
 nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, size_t top);
+// The frames of a stack, innermost first (inlined frames before the function
+// they were inlined into); *truncated: the stack was cut short.
+std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+                                bool* truncated);
 nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
                            bool* truncated);
 
