@@ -22,14 +22,41 @@ void add_feature_options(CLI::App& app, FeatureOptions& f) {
   app.add_option("--record", f.record, "Write every ring-buffer record and the mappings to FILE, for `replay`");
 }
 
+void add_output_options(CLI::App& app, std::vector<std::string>& outputs, std::string& format,
+                        std::string& folded_value) {
+  app.add_option("-o,--output", outputs,
+                 "Write the report to FILE (repeatable); its format follows --format, else its extension: "
+                 ".txt, .json, .folded (folded stacks), .pb.gz (pprof)")
+      ->allow_extra_args(false);  // one FILE per -o: `-o a.txt -- prog args` leaves prog's to it
+  app.add_option("--format", format, "Report format: text (default), json, folded or pprof (for every -o FILE)")
+      ->check(CLI::IsMember({"text", "json", "folded", "pprof", "html"}));
+  app.add_option("--folded-value", folded_value,
+                 "Value of each folded stack: live_bytes (at the end; default), alloc_bytes, alloc_count, "
+                 "live_blocks")
+      ->check(CLI::IsMember({"live_bytes", "alloc_bytes", "alloc_count", "live_blocks"}));
+}
+
+std::string plan_output_options(const std::vector<std::string>& outputs, const std::string& format,
+                                const std::string& folded_value, std::vector<report::OutputSpec>& specs,
+                                std::string& primary_format, report::FoldedValue& value) {
+  auto plan = report::plan_outputs(outputs, format);
+  if (!plan) return plan.error().message;
+  specs = std::move(*plan);
+  const report::OutputSpec* primary = report::primary_output(specs);
+  primary_format = primary && primary->format == report::Format::Json ? "json" : "text";
+  value = report::folded_value_named(folded_value).value_or(report::FoldedValue::LiveBytes);
+  return "";
+}
+
 int run_replay(int argc, char** argv) {
   ReplayOptions o;
   CLI::App app{"memtrace-bpf replay: the report of a --record file, symbolized against the files on disk "
                "(matched by build-id)",
                "memtrace-bpf replay"};
   app.add_option("file", o.file, "Recording (from --record FILE)")->required();
-  app.add_option("--format", o.format, "Report format")->check(CLI::IsMember({"text", "json"}));
-  app.add_option("-o,--output", o.output, "Write the report to FILE");
+  std::vector<std::string> outputs;
+  std::string format, folded_value = "live_bytes";
+  add_output_options(app, outputs, format, folded_value);
   app.add_option("--top", o.top, "Leak groups shown per process (default 10)");
   app.add_flag("--live", o.live, "List every live block at the end of the recording");
   app.add_option("--live-max", o.live_max, "Live blocks listed per process (default 1000)");
@@ -47,6 +74,11 @@ int run_replay(int argc, char** argv) {
     return app.exit(e);
   }
   o.dwarf = !no_dwarf;
+  if (auto bad = plan_output_options(outputs, format, folded_value, o.outputs, o.format, o.folded_value);
+      !bad.empty()) {
+    std::cerr << "memtrace-bpf: replay: " << bad << "\n";
+    return 2;
+  }
   if (no_debuginfod) symbolize::Debuginfod::get().configure({.enabled = false});
   if (auto bad = symbolize::check_symbol_dirs(o.symbol_dirs); !bad.empty()) {
     std::cerr << "memtrace-bpf: replay: " << bad << "\n";

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "heap/heap_model.h"
+#include "report/outputs.h"
 #include "report/report.h"
 
 namespace memtrace::loader {
@@ -117,8 +118,9 @@ class Features {
 // `memtrace-bpf replay FILE ...`: the report of a recording. Returns the exit code.
 struct ReplayOptions {
   std::string file;
-  std::string format = "text";
-  std::string output;
+  std::string format = "text";  // of the primary output (report/outputs.h)
+  std::vector<report::OutputSpec> outputs;  // -o FILEs; empty: stdout
+  report::FoldedValue folded_value = report::FoldedValue::LiveBytes;
   size_t top = 10;
   bool live = false;
   size_t live_max = 1000;

@@ -48,8 +48,9 @@ int main(int argc, char** argv) {
   app.add_option("-c,--comm", o.comms, "Trace processes with this command name (repeatable)");
   app.add_option("--duration", o.duration, "Stop after SECONDS");
   app.add_option("--interval", o.interval, "Print heap summaries every SECONDS");
-  app.add_option("-o,--output", o.output, "Write the report to FILE");
-  app.add_option("--format", o.format, "Report format")->check(CLI::IsMember({"text", "json"}));
+  std::vector<std::string> outputs;
+  std::string format, folded_value = "live_bytes";
+  memtrace::loader::add_output_options(app, outputs, format, folded_value);
   app.add_option("--top", o.top, "Leak groups shown per process (default 10)");
   bool no_stacks = false;
   app.add_flag("--no-stacks", no_stacks, "Do not capture call stacks");
@@ -98,6 +99,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   o.stacks = !no_stacks;
+  // Before anything is traced: a bad -o costs nothing (report/outputs.h).
+  if (auto bad = memtrace::loader::plan_output_options(outputs, format, folded_value, o.outputs, o.format,
+                                                       o.folded_value);
+      !bad.empty()) {
+    std::cerr << "memtrace-bpf: " << bad << "\n";
+    return 2;
+  }
   if (no_debuginfod) memtrace::symbolize::Debuginfod::get().configure({.enabled = false});
   if (auto bad = memtrace::symbolize::check_symbol_dirs(o.symbol_dirs); !bad.empty()) {
     std::cerr << "memtrace-bpf: " << bad << "\n";

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "report/outputs.h"
 
 namespace memtrace::loader {
 
@@ -109,8 +110,10 @@ struct ReplayOptions;  // loader/features.h
 // the offset. Returns the exit code: 0 complete; 1 stopped at an error after
 // the header (the report covers every record before it); 2 no readable header
 // (no report). open_files false: no file is looked at for symbols (frames
-// stay unsymbolized; the fuzzer's setting).
+// stay unsymbolized; the fuzzer's setting). The text or JSON report goes to
+// out unless o.outputs names only profiles; more: the other -o files, open.
+using MoreOutputs = std::vector<std::pair<report::OutputSpec, std::ostream*>>;
 int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& out, std::ostream& err,
-                     bool open_files = true);
+                     bool open_files = true, const MoreOutputs& more = {});
 
 }  // namespace memtrace::loader

@@ -10,10 +10,12 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "heap/heap_model.h"
 #include "loader/features.h"
+#include "loader/output_file.h"
 #include "loader/recording.h"
 #include "loader/resolver.h"
 #include "memtrace.h"
@@ -136,7 +138,7 @@ class ReplayResolver {
 }  // namespace
 
 int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os, std::ostream& err,
-                     bool open_files) {
+                     bool open_files, const MoreOutputs& more) {
   symbolize::Options so;
   so.symbol_dirs = o.symbol_dirs;
   so.dwarf = o.dwarf;
@@ -230,39 +232,61 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
   std::vector<std::string> errors;
   if (end.is_object())
     for (const auto& e : end.value("errors", nlohmann::json::array())) errors.push_back(e.get<std::string>());
-  if (o.format == "json") {
-    auto j = report::to_json(model, rfn, ro, d);
-    if (o.live)
-      for (auto& jp : j["processes"])
-        if (auto* p = model.find(jp["pid"].get<pid_t>())) add_live_json(jp, model, rfn, *p, lo);
-    j["errors"] = errors;
-    j["notes"] = res.notes();
-    j["replay"] = {{"file", o.file}, {"records", rf.records}, {"complete", rf.error.empty()}};
-    if (!rf.error.empty()) {
-      j["replay"]["error"] = rf.error;
-      j["replay"]["error_offset"] = rf.error_offset;
+  std::optional<nlohmann::json> j;
+  auto write_report = [&](std::ostream& os, bool json) {
+    if (json) {
+      if (!j) {
+        j = report::to_json(model, rfn, ro, d);
+        if (o.live)
+          for (auto& jp : (*j)["processes"])
+            if (auto* p = model.find(jp["pid"].get<pid_t>())) add_live_json(jp, model, rfn, *p, lo);
+        (*j)["errors"] = errors;
+        (*j)["notes"] = res.notes();
+        (*j)["replay"] = {{"file", o.file}, {"records", rf.records}, {"complete", rf.error.empty()}};
+        if (!rf.error.empty()) {
+          (*j)["replay"]["error"] = rf.error;
+          (*j)["replay"]["error_offset"] = rf.error_offset;
+        }
+        if (meta.contains("command")) (*j)["replay"]["command"] = meta["command"];
+      }
+      // comms and symbol names are bytes, not always UTF-8.
+      os << report::json_text(*j, 2) << "\n";
+    } else {
+      report::write_text(os, model, rfn, ro, d);
+      if (o.live)
+        for (const auto& [pid, p] : model.processes())
+          if (!p->live.empty()) write_live_text(os, model, rfn, *p, lo);
+      for (const auto& e : errors) os << "error: " << e << "\n";
+      for (const auto& n : res.notes()) os << "note: " << n << "\n";
+      os << "REPLAY: " << o.file << ", " << rf.records << " records";
+      if (!rf.error.empty()) os << " (incomplete: stopped at offset " << rf.error_offset << ")";
+      os << "\n";
     }
-    if (meta.contains("command")) j["replay"]["command"] = meta["command"];
-    // comms and symbol names are bytes, not always UTF-8.
-    os << report::json_text(j, 2) << "\n";
-  } else {
-    report::write_text(os, model, rfn, ro, d);
-    if (o.live)
-      for (const auto& [pid, p] : model.processes())
-        if (!p->live.empty()) write_live_text(os, model, rfn, *p, lo);
-    for (const auto& e : errors) os << "error: " << e << "\n";
-    for (const auto& n : res.notes()) os << "note: " << n << "\n";
-    os << "REPLAY: " << o.file << ", " << rf.records << " records";
-    if (!rf.error.empty()) os << " (incomplete: stopped at offset " << rf.error_offset << ")";
-    os << "\n";
+    os.flush();
+  };
+  // The primary output (text or JSON) unless only profiles were asked for;
+  // then every other -o file from the same model (report/outputs.h).
+  if (o.outputs.empty() || report::primary_output(o.outputs)) write_report(os, o.format == "json");
+  report::ProfileOptions po;
+  po.folded = o.folded_value;
+  if (open_files) po.build_id = [](const std::string& path) { return build_id_of(path); };
+  uint64_t start_ns = meta.is_object() ? meta.value("start_mono_ns", uint64_t(0)) : 0;
+  if (start_ns && lo.now_ns > start_ns) po.duration_nanos = static_cast<int64_t>(lo.now_ns - start_ns);
+  int code = 0;
+  for (const auto& [spec, out] : more) {
+    if (spec.format == report::Format::Text || spec.format == report::Format::Json) {
+      write_report(*out, spec.format == report::Format::Json);
+    } else if (auto w = report::write_profile(*out, spec.format, model, rfn, ro, po); !w) {
+      err << "memtrace-bpf: replay: cannot write " << spec.path << ": " << w.error().message << "\n";
+      code = 2;
+    }
   }
-  os.flush();
   if (!rf.error.empty()) {
     err << "memtrace-bpf: replay " << o.file << ": " << rf.error << "; the report covers the " << rf.records
         << " records before it\n";
     return 1;
   }
-  return 0;
+  return code;
 }
 
 int replay(const ReplayOptions& o) {
@@ -274,15 +298,30 @@ int replay(const ReplayOptions& o) {
     std::cerr << "memtrace-bpf: replay " << o.file << ": cannot open: " << strerror(errno) << "\n";
     return 2;
   }
-  std::ofstream fo;
-  if (!o.output.empty()) {
-    fo.open(o.output);
-    if (!fo) {
-      std::cerr << "memtrace-bpf: cannot write " << o.output << ": " << strerror(errno) << "\n";
+  // Every -o file through output_file.h (never through a symbolic link).
+  std::unique_ptr<std::ofstream> primary_file;
+  std::vector<std::unique_ptr<std::ofstream>> files;
+  MoreOutputs more;
+  const report::OutputSpec* primary = report::primary_output(o.outputs);
+  for (const auto& spec : o.outputs) {
+    bool text = spec.format == report::Format::Text || spec.format == report::Format::Json;
+    if (spec.path.empty()) {  // no -o: stdout
+      if (!text) more.emplace_back(spec, &std::cout);
+      continue;
+    }
+    auto f = open_output(spec.path, Privacy::Shared, text ? std::ios::out : std::ios::out | std::ios::binary);
+    if (!f) {
+      std::cerr << "memtrace-bpf: " << f.error().message << "\n";
       return 2;
     }
+    if (&spec == primary) {
+      primary_file = std::move(*f);
+    } else {
+      more.emplace_back(spec, f->get());
+      files.push_back(std::move(*f));
+    }
   }
-  return replay_recording(in, o, o.output.empty() ? std::cout : fo, std::cerr);
+  return replay_recording(in, o, primary_file ? *primary_file : std::cout, std::cerr, true, more);
 }
 
 }  // namespace memtrace::loader

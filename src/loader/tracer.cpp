@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "loader/output_file.h"
+#include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
 #include "memtrace_bpf_compat.skel.h"
 
@@ -871,25 +872,44 @@ void Tracer::report_final(int exit_code) {
   ro.include_idle = !system_wide_;  // a process the user named is reported even if quiet
   auto d = drops();
   if (feat_) feat_->finish(d, errors_);
-  std::ostream& os = out();
-  if (o_.format == "json") {
-    auto j = report::to_json(model_, resolver_.fn(), ro, d);
-    if (feat_) feat_->add_json(j);
-    j["errors"] = errors_;
-    j["notes"] = notes();
-    j["kernel"] = kernel_json();
-    if (o_.rearm_ms > 0) j["rearm"] = rearm_report_;
-    os << report::json_text(j, 2) << "\n";
-  } else {
-    report::write_text(os, model_, resolver_.fn(), ro, d);
-    if (feat_) feat_->write_text(os);
-    for (const auto& e : errors_) os << "error: " << e << "\n";
-    for (const auto& n : notes()) os << "note: " << n << "\n";
-    if (o_.rearm_ms > 0 && rearm_report_.contains("rearm"))
-      os << "REARM: every " << o_.rearm_ms << " ms, " << rearm_report_["rearm"]["intervals"] << " intervals, "
-         << rearm_report_["rearm"]["first_accesses"] << " first accesses restored by memtrace-singlestep\n";
+  // Text and JSON: the primary output, then any further text/JSON file;
+  // folded and pprof (report/outputs.h) from the same model.
+  std::optional<nlohmann::json> j;
+  auto write_report = [&](std::ostream& os, bool json) {
+    if (json) {
+      if (!j) {
+        j = report::to_json(model_, resolver_.fn(), ro, d);
+        if (feat_) feat_->add_json(*j);
+        (*j)["errors"] = errors_;
+        (*j)["notes"] = notes();
+        (*j)["kernel"] = kernel_json();
+        if (o_.rearm_ms > 0) (*j)["rearm"] = rearm_report_;
+      }
+      os << report::json_text(*j, 2) << "\n";
+    } else {
+      report::write_text(os, model_, resolver_.fn(), ro, d);
+      if (feat_) feat_->write_text(os);
+      for (const auto& e : errors_) os << "error: " << e << "\n";
+      for (const auto& n : notes()) os << "note: " << n << "\n";
+      if (o_.rearm_ms > 0 && rearm_report_.contains("rearm"))
+        os << "REARM: every " << o_.rearm_ms << " ms, " << rearm_report_["rearm"]["intervals"] << " intervals, "
+           << rearm_report_["rearm"]["first_accesses"] << " first accesses restored by memtrace-singlestep\n";
+    }
+    os.flush();
+  };
+  if (text_report_) write_report(out(), o_.format == "json");
+  report::ProfileOptions po;
+  po.folded = o_.folded_value;
+  po.build_id = [](const std::string& path) { return build_id_of(path); };
+  po.duration_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_).count();
+  for (auto& [spec, file] : more_outs_) {
+    std::ostream& os = file ? *file : out();
+    if (spec.format == report::Format::Text || spec.format == report::Format::Json) {
+      write_report(os, spec.format == report::Format::Json);
+    } else if (auto w = report::write_profile(os, spec.format, model_, resolver_.fn(), ro, po); !w) {
+      std::cerr << "memtrace-bpf: cannot write " << spec.path << ": " << w.error().message << "\n";
+    }
   }
-  os.flush();
 }
 
 int Tracer::run() {
@@ -904,14 +924,25 @@ int Tracer::run() {
   sigemptyset(&sc.sa_mask);
   sigaction(SIGCHLD, &sc, nullptr);
 
-  if (!o_.output.empty()) {
-    // --dump-bytes puts the program's memory in the report.
-    auto f = open_output(o_.output, o_.features.dump_bytes ? Privacy::Private : Privacy::Shared);
+  // Every -o file is created before anything is traced: one that cannot be
+  // written costs the run, not its report.
+  const report::OutputSpec* primary = report::primary_output(o_.outputs);
+  text_report_ = o_.outputs.empty() || primary;
+  for (const auto& spec : o_.outputs) {
+    bool text = spec.format == report::Format::Text || spec.format == report::Format::Json;
+    if (spec.path.empty()) {  // the default stream: out()
+      if (!text) more_outs_.emplace_back(spec, nullptr);
+      continue;
+    }
+    // --dump-bytes puts the program's memory in the text and JSON reports.
+    auto f = open_output(spec.path, text && o_.features.dump_bytes ? Privacy::Private : Privacy::Shared,
+                         text ? std::ios::out : std::ios::out | std::ios::binary);
     if (!f) {
       std::cerr << "memtrace-bpf: " << f.error().message << "\n";
       return 2;
     }
-    file_out_ = std::move(*f);
+    if (&spec == primary) file_out_ = std::move(*f);
+    else more_outs_.emplace_back(spec, std::move(*f));
   }
   if (geteuid() != 0) {
     std::cerr << "memtrace-bpf: must run as root (BPF programs and uprobes need CAP_SYS_ADMIN/CAP_BPF)\n";

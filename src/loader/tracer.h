@@ -22,6 +22,7 @@
 #include "loader/guardian.h"
 #include "loader/launcher.h"
 #include "loader/resolver.h"
+#include "report/outputs.h"
 #include "report/report.h"
 #include "unwind/unwind_maps.h"
 
@@ -36,8 +37,11 @@ struct Options {
   std::vector<std::string> command;  // launch mode
   double duration = 0;               // seconds, 0 = until the end
   double interval = 0;               // periodic summaries
-  std::string output;                // -o FILE
-  std::string format = "text";
+  // -o FILE (repeatable) with its format (report/outputs.h: plan_outputs);
+  // empty: the report to the default stream in `format`.
+  std::vector<report::OutputSpec> outputs;
+  std::string format = "text";       // of the primary output (text or json): --trace, --interval, console
+  report::FoldedValue folded_value = report::FoldedValue::LiveBytes;  // --folded-value
   size_t top = 10;
   bool stacks = true;
   bool cfi = true;                   // --unwind cfi (default) | fp
@@ -129,7 +133,11 @@ class Tracer {
   void forget_stopped(pid_t pid);     // and the BPF map's entry for it
   std::optional<Launcher> launcher_;
   std::optional<int> child_status_;
-  std::unique_ptr<std::ostream> file_out_;
+  std::unique_ptr<std::ostream> file_out_;  // the primary output's file (report/outputs.h)
+  // The other -o files, written by report_final only (null: out()).
+  std::vector<std::pair<report::OutputSpec, std::unique_ptr<std::ostream>>> more_outs_;
+  bool text_report_ = true;  // some output is text or JSON
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::vector<std::string> errors_;  // non-fatal, shown in the report
   uint64_t attach_failures_ = 0;
   uint64_t attach_count_ = 0, attach_us_ = 0;  // per-process attaches, time in Attacher::attach

@@ -16,7 +16,8 @@ mkdir -p "$build/corpus" "$build/artifacts" "$build/obj"
 srcs="$here/fuzz_recording.cpp
 $src/src/loader/replay.cpp $src/src/loader/recording.cpp $src/src/loader/features.cpp
 $src/src/loader/resolver.cpp $src/src/loader/procfs.cpp $src/src/loader/output_file.cpp
-$src/src/heap/heap_model.cpp $src/src/report/report.cpp $src/src/elf/elf_file.cpp
+$src/src/heap/heap_model.cpp $src/src/report/report.cpp $src/src/report/outputs.cpp $src/src/report/folded.cpp
+$src/src/report/pprof.cpp $src/src/elf/elf_file.cpp
 $src/src/symbolize/symbolize.cpp $src/src/procfs/proc_maps.cpp $src/src/symbolize/elf_image.cpp
 $src/src/symbolize/dwarf_index.cpp $src/src/symbolize/debug_finder.cpp $src/src/symbolize/module.cpp
 $src/src/symbolize/minidebuginfo.cpp $src/src/symbolize/debuginfod.cpp"
@@ -39,7 +40,7 @@ if [ -n "$stale" ] || [ ! -x "$bin" ]; then
   [ -z "$stale" ] || echo "$stale" | xargs -P 2 -n 1 sh -c \
     'o="$build/obj/$(echo "$1" | tr / _).o"; $cxx $flags -c "$1" -o "$o.tmp" && mv "$o.tmp" "$o"' sh
   # shellcheck disable=SC2046
-  "$cxx" -fsanitize=fuzzer,address,undefined -o "$bin.tmp" $(for f in $srcs; do obj "$f"; done) -ldw -lelf -llzma -ldl
+  "$cxx" -fsanitize=fuzzer,address,undefined -o "$bin.tmp" $(for f in $srcs; do obj "$f"; done) -ldw -lelf -llzma -lz -ldl
   mv "$bin.tmp" "$bin"
 fi
 [ "$secs" -gt 0 ] || exit 0
