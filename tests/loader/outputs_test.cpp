@@ -238,6 +238,27 @@ TEST_F(Outputs, EveryFormatFromReplay) {
   EXPECT_EQ(f.by_leak[root], uint64_t(kRounds + 1));
 }
 
+// --trace lines go to the first text or JSON file (the primary output), as
+// they went to the single -o; the profiles hold only their own format.
+TEST_F(Outputs, TraceLinesGoToTheFirstTextOrJsonFile) {
+  ToolOut r = run({tool(), "--trace", "-o", path("b.folded"), "-o", path("a.json"), "-o", path("d.txt"), "--",
+                   target("alloc_rounds"), "--rounds", "3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string a = slurp(path("a.json"));
+  size_t at = report_offset(a);
+  EXPECT_GT(at, 0u);  // trace lines, then the report
+  EXPECT_NE(a.substr(0, at).find("{\"trace\":"), std::string::npos) << a.substr(0, 2000);
+  json rep = json::parse(a.substr(at), nullptr, false);
+  ASSERT_TRUE(rep.is_object());
+  EXPECT_GT(rep["trace"]["lines"].get<long>(), 0);
+  std::string d = slurp(path("d.txt"));
+  EXPECT_EQ(d.find("{\"trace\":"), std::string::npos);
+  EXPECT_NE(d.find("HEAP SUMMARY"), std::string::npos);
+  Folded f = parse_folded(slurp(path("b.folded")));
+  EXPECT_EQ(f.malformed, 0u) << slurp(path("b.folded"));
+  EXPECT_GT(f.lines, 0u);
+}
+
 TEST_F(Outputs, BadOutputsAreRefusedBeforeTracing) {
   struct Case {
     std::vector<std::string> args;
