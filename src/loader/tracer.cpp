@@ -744,6 +744,11 @@ int Tracer::consume() {
     uint64_t queued = __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) - __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE);
     ring_peak_ = std::max(ring_peak_, queued);
   }
+  // At most ~100 ms per call: the caller checks --duration, Ctrl-C and its
+  // program between calls. A ring that never empties (two system-wide
+  // tracers tracing each other's allocations) kept the tool here for good,
+  // deaf to SIGINT.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   for (;;) {
     int a = ring_buffer__consume(rb_);
     if (a < 0) return a;
@@ -753,16 +758,22 @@ int Tracer::consume() {
     budget_ = 0;
     if (b < 0 && !more) return b;
     total += a + (more ? kEventSlice : b);
-    if (!more) return total;
+    if (!more || std::chrono::steady_clock::now() >= deadline) return total;
   }
 }
 
 // Every record the events ring holds now (from a lifecycle callback: what
-// came before an exec or a fork).
+// came before an exec or a fork), and no more: records written after this
+// call began come after the lifecycle event anyway, and a ring that never
+// empties kept this loop here for good.
 void Tracer::drain_events() {
   uint32_t saved = budget_;
-  budget_ = 0;
-  ring_buffer__consume(rb_events_);
+  const uint64_t until = ring_pos_[1] ? __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) : 0;
+  for (;;) {
+    budget_ = 512;
+    int n = ring_buffer__consume(rb_events_);
+    if (n != -EAGAIN || !ring_pos_[0] || __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE) >= until) break;
+  }
   budget_ = saved;
 }
 

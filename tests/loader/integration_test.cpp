@@ -225,6 +225,50 @@ TEST_F(Tracing, CommModeTracesProcessesStartedLaterFromTheirFirstAllocation) {
   unlink(rep.c_str());
 }
 
+// Two system-wide tracers from two files (neither leaves the other out as
+// its own binary): each one's allocations are events for the other, whose
+// handling allocates again, so the events ring never empties. The drain
+// returned only on an empty ring: both ran on for minutes at 100% CPU past
+// --duration 2 and ignored SIGINT. Each must end on time and report.
+TEST_F(Tracing, TwoSystemWideTracersTracingEachOtherEndOnTime) {
+  std::string second = "/tmp/memtrace-bpf-second-" + std::to_string(getpid());
+  ASSERT_EQ(system(("cp '" + tool() + "' '" + second + "'").c_str()), 0);
+  std::string rep[2] = {tmpfile("a"), tmpfile("b")};
+  Child c[2];
+  std::string err[2];
+  for (int i = 0; i < 2; i++) {
+    c[i] = spawn({i ? second : tool(), "--format", "json", "-o", rep[i], "--duration", "2"});
+    close(c[i].in);
+    ASSERT_TRUE(read_until(c[i].err, "tracing", &err[i])) << err[i];
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  int code[2] = {-1, -1};
+  for (int tries = 0; tries < 300 && (code[0] < 0 || code[1] < 0); tries++) {
+    for (int i = 0; i < 2; i++) {
+      int st = 0;
+      if (code[i] < 0 && waitpid(c[i].pid, &st, WNOHANG) == c[i].pid)
+        code[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    usleep(100 * 1000);
+  }
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < 2; i++)
+    if (code[i] < 0) {
+      kill(c[i].pid, SIGKILL);
+      wait_exit(c[i].pid);
+    }
+  unlink(second.c_str());
+  for (int i = 0; i < 2; i++) {
+    EXPECT_EQ(code[i], 0) << "tracer " << i << " still running " << took << " s after --duration 2";
+    std::ifstream f(rep[i]);
+    json j = json::parse(f, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("processes")) << "tracer " << i;
+    unlink(rep[i].c_str());
+    close(c[i].out);
+    close(c[i].err);
+  }
+}
+
 TEST_F(Tracing, SystemWideSeesProgramsItDidNotStart) {
   std::string rep = tmpfile("s");
   Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "3"});
