@@ -28,20 +28,12 @@
 
 #include "harness.h"
 #include "unwind/cfi_table.h"
+#include "shell.h"
 
 using namespace memtrace::unwind;
 
 namespace {
 
-std::string run_cmd(const std::string& cmd) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p.get())) > 0) out.append(buf, n);
-  return out;
-}
 
 // gdb's stacks (return addresses from frame #1, real frames only) at every
 // `every`-th call of libc's malloc, at most `limit` of them.
@@ -74,7 +66,7 @@ std::vector<std::vector<uint64_t>> gdb_samples(const std::vector<std::string>& c
   close(fd);
   std::string line = "DEBUGINFOD_URLS= gdb -batch -nx -x " + std::string(script) + " --args";
   for (auto& a : cmd) line += " '" + a + "'";
-  std::string out = run_cmd(line + " 2>&1 </dev/null");
+  std::string out = memtrace::testing::shell_output(line + " 2>&1 </dev/null");
   unlink(script);
   std::vector<std::vector<uint64_t>> samples;
   std::istringstream in(out);

@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "test_env.h"
+#include "shell.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -33,18 +34,9 @@ std::string tmpdir() {
   return ::mkdtemp(t);
 }
 
-std::string sh(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char b[4096];
-  size_t n;
-  while (p && (n = fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
-  if (p) ::pclose(p);
-  return out;
-}
 
 std::string build_id(const std::string& file) {
-  std::string id = sh("readelf -n '" + file + "' | awk '/Build ID/ {print $3}'");
+  std::string id = memtrace::testing::shell_output("readelf -n '" + file + "' | awk '/Build ID/ {print $3}'");
   while (!id.empty() && id.back() == '\n') id.pop_back();
   return id;
 }
@@ -108,7 +100,7 @@ class DebuginfodServer {
  public:
   // Empty on success, else why not.
   std::string start(const std::string& dir, const std::string& work) {
-    if (sh("command -v debuginfod").empty()) return "debuginfod is not installed (scripts/deps.txt)";
+    if (memtrace::testing::shell_output("command -v debuginfod").empty()) return "debuginfod is not installed (scripts/deps.txt)";
     std::string id = build_id(kBin);
     for (int attempt = 0; attempt < 3; ++attempt) {
       int fd = bound_socket(&port_);
@@ -137,7 +129,7 @@ class DebuginfodServer {
       }
       stop();
     }
-    return "debuginfod did not serve " + id + ": " + sh("tail -5 '" + work + "/debuginfod.log'");
+    return "debuginfod did not serve " + id + ": " + memtrace::testing::shell_output("tail -5 '" + work + "/debuginfod.log'");
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   void stop() {
@@ -222,7 +214,7 @@ ToolRun replay(const std::string& file, std::vector<std::string> args = {}) {
 
 void require_setup() {
   if (geteuid() != 0) MEMTRACE_SKIP_OR_FAIL("needs root (BPF, uprobes)");
-  ASSERT_EQ(sh("readelf -S '" + kBin + "' | grep -c -E '\\.symtab|\\.debug_info|gnu_debuglink'"), "0\n")
+  ASSERT_EQ(memtrace::testing::shell_output("readelf -S '" + kBin + "' | grep -c -E '\\.symtab|\\.debug_info|gnu_debuglink'"), "0\n")
       << "the target must be stripped";
 }
 
@@ -280,7 +272,7 @@ TEST(Debuginfod, ServerDownCostsOneWarningAndABoundedWait) {
   // dlopen'ed libdebuginfod), else by address.
   char host[256] = "127.0.0.1";
   ::gethostname(host, sizeof host);
-  if (sh(std::string("getent ahostsv4 ") + host + " | head -1").rfind("127.", 0) != 0) std::strcpy(host, "127.0.0.1");
+  if (memtrace::testing::shell_output(std::string("getent ahostsv4 ") + host + " | head -1").rfind("127.", 0) != 0) std::strcpy(host, "127.0.0.1");
   env.set("DEBUGINFOD_URLS", std::string("http://") + host + ":" + std::to_string(port));
   auto t0 = Clock::now();
   auto down = launch();

@@ -22,6 +22,7 @@
 #include "procfs/proc_maps.h"
 #include "symbolize/symbolize.h"
 #include "test_env.h"
+#include "shell.h"
 
 namespace fs = std::filesystem;
 using namespace memtrace::symbolize;
@@ -33,16 +34,6 @@ const std::string kFx = FX_DIR;
 // DEBUGINFOD_URLS would make the missing-debug-file cases slow and changing.
 [[maybe_unused]] const int kNoDebuginfod = ::unsetenv("DEBUGINFOD_URLS");
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
 
 std::vector<std::string> lines(const std::string& s) {
   std::vector<std::string> v;
@@ -60,7 +51,7 @@ std::string tmpdir() {
 std::vector<uint64_t> text_addresses(const std::string& file, size_t max = 2500) {
   std::vector<uint64_t> all;
   static const std::regex re(R"(^\s+([0-9a-f]+):)");
-  for (const auto& l : lines(run("objdump -d --no-show-raw-insn -j .text '" + file + "' 2>/dev/null"))) {
+  for (const auto& l : lines(memtrace::testing::shell_output("objdump -d --no-show-raw-insn -j .text '" + file + "' 2>/dev/null"))) {
     std::smatch m;
     if (std::regex_search(l, m, re)) all.push_back(std::stoull(m[1], nullptr, 16));
   }
@@ -85,7 +76,7 @@ std::map<uint64_t, RefAnswer> oracle(const std::string& tool, const std::string&
     for (auto a : addrs) o << std::hex << "0x" << a << "\n";
   }
   std::map<uint64_t, RefAnswer> res;
-  auto ls = lines(run(tool + " -a -f -i -C -e '" + file + "' < " + in));
+  auto ls = lines(memtrace::testing::shell_output(tool + " -a -f -i -C -e '" + file + "' < " + in));
   fs::remove_all(fs::path(in).parent_path());
   static const std::regex disc(R"( \(discriminator \d+\))");
   uint64_t cur = 0;
@@ -121,7 +112,7 @@ std::map<uint64_t, RefAnswer> oracle(const std::string& tool, const std::string&
 
 std::set<std::string> nm_names(const std::string& file) {
   std::set<std::string> s;
-  for (auto& l : lines(run("nm -C --defined-only '" + file + "' 2>/dev/null"))) {
+  for (auto& l : lines(memtrace::testing::shell_output("nm -C --defined-only '" + file + "' 2>/dev/null"))) {
     if (l.size() > 19) s.insert(l.substr(19));
   }
   return s;
@@ -257,7 +248,7 @@ std::string debug_file_for(const std::string& bin, Options o) {
   return sym.debug_file(as, a);
 }
 std::string build_id_debug(const std::string& bin) {
-  std::string id = run("readelf -n '" + bin + "' | awk '/Build ID/ {print $3}'");
+  std::string id = memtrace::testing::shell_output("readelf -n '" + bin + "' | awk '/Build ID/ {print $3}'");
   while (!id.empty() && id.back() == '\n') id.pop_back();
   return kFx + "/debugroot/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
 }
@@ -646,7 +637,7 @@ TEST(Stripped, AddressOutsideEverySymbolIsUnknown) {
     // Addresses past the end of the exported function before them: what a
     // nearest-symbol lookup would name wrongly.
     std::map<uint64_t, uint64_t> dyn;  // start -> end
-    for (auto& l : lines(run("nm -D -S --defined-only '" + stripped + "' | awk '$3 ~ /[Tt]/ {print $1, $2}'"))) {
+    for (auto& l : lines(memtrace::testing::shell_output("nm -D -S --defined-only '" + stripped + "' | awk '$3 ~ /[Tt]/ {print $1, $2}'"))) {
       std::istringstream in(l);
       std::string a, z;
       if (in >> a >> z) dyn[std::stoull(a, nullptr, 16)] = std::stoull(a, nullptr, 16) + std::stoull(z, nullptr, 16);
@@ -674,7 +665,7 @@ TEST(MiniDebugInfo, SymbolsAsFromTheFullSymtab) {
   for (std::string src : {kFx + "/libfxlib.so", kFx + "/fx_O2_pie"}) {
     std::string mini = d + "/" + fs::path(src).filename().string() + ".mini";
     ASSERT_EQ(std::system((std::string(FX_SRC_DIR) + "/make_minidebuginfo.sh '" + src + "' '" + mini + "'").c_str()), 0);
-    ASSERT_EQ(run("readelf -S '" + mini + "' | grep -c '\\.symtab'"), "0\n") << "stripped";
+    ASSERT_EQ(memtrace::testing::shell_output("readelf -S '" + mini + "' | grep -c '\\.symtab'"), "0\n") << "stripped";
     auto addrs = text_addresses(src);
     size_t unknown_full = 0, unknown_mini = 0;
     auto full = names_of(src, addrs, &unknown_full);
@@ -697,7 +688,7 @@ TEST(MiniDebugInfo, SymbolsAsFromTheFullSymtab) {
   Symbolizer sym(o);
   AddressSpace as;
   ASSERT_TRUE(sym.add_file(as, d + "/libfxlib.so.mini", 0).ok());
-  auto apply = run("nm '" + kFx + "/libfxlib.so' | awk '/apply/ {print $1}'");
+  auto apply = memtrace::testing::shell_output("nm '" + kFx + "/libfxlib.so' | awk '/apply/ {print $1}'");
   ASSERT_FALSE(apply.empty());
   const Symbolized& s = sym.symbolize(as, std::stoull(apply, nullptr, 16) + 4, false);
   ASSERT_EQ(s.unknown, Unknown::None);

@@ -13,21 +13,13 @@
 
 #include "test_env.h"
 #include "unwind/cfi_table.h"
+#include "shell.h"
 
 using memtrace::unwind::CfiTable;
 using memtrace::unwind::RowInfo;
 
 namespace {
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p.get())) > 0) out.append(buf, n);
-  return out;
-}
 
 struct RefRow {
   uint64_t loc;
@@ -47,7 +39,7 @@ struct RefDump {
 
 RefDump parse_readelf(const std::string& path) {
   RefDump d;
-  std::istringstream in(run("readelf --wide --debug-dump=frames-interp '" + path + "' 2>/dev/null"));
+  std::istringstream in(memtrace::testing::shell_output("readelf --wide --debug-dump=frames-interp '" + path + "' 2>/dev/null"));
   std::string line, section;
   std::vector<std::string> cols;
   std::vector<RefRow>* cur = nullptr;

@@ -16,6 +16,7 @@
 
 #include "harness.h"
 #include "test_env.h"
+#include "shell.h"
 
 using namespace memtrace::unwind;
 
@@ -23,15 +24,6 @@ namespace {
 
 constexpr uint64_t kMark = 123457;
 
-std::string run_cmd(const std::string& cmd) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p.get())) > 0) out.append(buf, n);
-  return out;
-}
 
 // "operator new(unsigned long)" -> "operator new"; "Holder<char>::make" stays.
 std::string norm(std::string s) {
@@ -65,7 +57,7 @@ std::vector<GdbFrame> gdb_bt(const std::vector<std::string>& argv) {
   close(fd);
   std::string cmd = "DEBUGINFOD_URLS= gdb -batch -nx -x " + std::string(script) + " --args";
   for (auto& a : argv) cmd += " '" + a + "'";
-  std::string out = run_cmd(cmd + " 2>&1");
+  std::string out = memtrace::testing::shell_output(cmd + " 2>&1");
   unlink(script);
   std::vector<GdbFrame> frames;
   std::istringstream in(out);
