@@ -467,6 +467,13 @@ void Tracer::scan_system_allocators(pid_t only, bool exec) {
     // (a 2-job C++ build: 70% of the tool's CPU was uprobe traps, 20.6 M
     // events dropped in 110 s).
     if (key == self_exe_) continue;
+    // Nor another copy of this tool (a second user, an A/B build): two
+    // system-wide tracers would trace each other's every event.
+    if (std::string base = where.path.substr(where.path.rfind('/') + 1); base.rfind("memtrace-bpf", 0) == 0) {
+      log("not probing " + where.path + " (another memtrace-bpf)");
+      system_probes_[key] = ProbeSet();
+      continue;
+    }
     if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
     auto set = attacher_->attach(**obj, -1, openable_path(pid, where));
     if (!set) {
