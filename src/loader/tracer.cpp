@@ -450,7 +450,12 @@ void Tracer::scan_system_allocators(pid_t only, bool exec) {
   for (pid_t pid : pids) {
     if (pid == getpid()) continue;
     auto maps = read_maps(pid);
-    if (!maps) continue;
+    if (!maps) {
+      // Gone before this read (an exec or a new library of a short process):
+      // the resolver counts it (mappings_not_captured / _incomplete).
+      if (only > 0) exec ? resolver_.exec(pid) : resolver_.capture(pid);
+      continue;
+    }
     if (only <= 0)
       if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
     if (exec) resolver_.exec(pid);  // mappings for symbolization, while it lives
