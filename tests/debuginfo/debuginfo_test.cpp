@@ -199,15 +199,7 @@ ToolRun launch(std::vector<std::string> extra = {}, const std::string& bin = kBi
 ToolRun replay(const std::string& file, std::vector<std::string> args = {}) {
   std::vector<std::string> argv = {tool(), "replay", file, "--format", "json"};
   argv.insert(argv.end(), args.begin(), args.end());
-  Child c = spawn(argv);
-  close(c.in);
-  ToolRun r;
-  std::thread t([&] { r.err = read_all(c.err); });
-  r.out = read_all(c.out);
-  t.join();
-  r.code = wait_exit(c.pid);
-  close(c.out);
-  close(c.err);
+  ToolRun r = run_argv(argv);
   r.report = json::parse(r.out, nullptr, false);
   return r;
 }

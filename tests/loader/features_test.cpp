@@ -56,15 +56,11 @@ Result run(std::vector<std::string> args, const std::string& outfile = "") {
     argv.push_back(outfile);
   }
   argv.insert(argv.end(), args.begin(), args.end());
-  Child c = spawn(argv);
-  close(c.in);
+  ToolRun t = run_argv(argv);
   Result r;
-  std::thread t([&] { r.err = read_all(c.err); });
-  r.out = read_all(c.out);
-  t.join();
-  r.code = wait_exit(c.pid);
-  close(c.out);
-  close(c.err);
+  r.code = t.code;
+  r.out = std::move(t.out);
+  r.err = std::move(t.err);
   if (!outfile.empty()) {
     r.file = slurp(outfile);
     unlink(outfile.c_str());

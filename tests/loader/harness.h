@@ -99,11 +99,8 @@ inline std::string tmpfile(const std::string& tag) {
   return "/tmp/memtrace-test-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(n++) + ".json";
 }
 
-// memtrace-bpf ARGS with a JSON report, to completion.
-inline ToolRun run_tool(std::vector<std::string> args) {
-  std::string rep = tmpfile("r");
-  std::vector<std::string> argv = {tool(), "--format", "json", "-o", rep};
-  argv.insert(argv.end(), args.begin(), args.end());
+// argv to completion, stdin closed: exit code, stdout, stderr.
+inline ToolRun run_argv(const std::vector<std::string>& argv) {
   Child c = spawn(argv);
   close(c.in);
   ToolRun r;
@@ -111,6 +108,17 @@ inline ToolRun run_tool(std::vector<std::string> args) {
   r.out = read_all(c.out);
   t.join();
   r.code = wait_exit(c.pid);
+  close(c.out);
+  close(c.err);
+  return r;
+}
+
+// memtrace-bpf ARGS with a JSON report, to completion.
+inline ToolRun run_tool(std::vector<std::string> args) {
+  std::string rep = tmpfile("r");
+  std::vector<std::string> argv = {tool(), "--format", "json", "-o", rep};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ToolRun r = run_argv(argv);
   std::ifstream f(rep);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -119,8 +127,6 @@ inline ToolRun run_tool(std::vector<std::string> args) {
   r.lines = file.substr(0, at);
   if (!file.empty()) r.report = nlohmann::json::parse(file.substr(at), nullptr, false);
   unlink(rep.c_str());
-  close(c.out);
-  close(c.err);
   return r;
 }
 

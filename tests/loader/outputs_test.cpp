@@ -37,23 +37,9 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-struct ToolOut {
-  int code = -1;
-  std::string out, err;
-};
+using ToolOut = ToolRun;  // harness.h
 
-ToolOut run(const std::vector<std::string>& argv) {
-  Child c = spawn(argv);
-  close(c.in);
-  ToolOut r;
-  std::thread t([&] { r.err = read_all(c.err); });
-  r.out = read_all(c.out);
-  t.join();
-  r.code = wait_exit(c.pid);
-  close(c.out);
-  close(c.err);
-  return r;
-}
+ToolOut run(const std::vector<std::string>& argv) { return run_argv(argv); }
 
 std::string go_binary() {
   for (const char* p : {"/usr/bin/go", "/usr/lib/go/bin/go", "/usr/local/go/bin/go"})
