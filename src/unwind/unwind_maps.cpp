@@ -242,7 +242,15 @@ Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vecto
   if (!seg)
     for (auto& s : table.segments)
       if (m.offset >= (s.offset & ~uint64_t(0xfff)) && m.offset < s.offset + std::max<uint64_t>(s.filesz, 1)) seg = &s;
-  if (!seg) return Error::msg("mapping of " + what + " at file offset " + std::to_string(m.offset) + " matches no PT_LOAD");
+  if (!seg) {
+    // No code of the file there: ld.so reserves a library's whole extent
+    // with the first segment's protections before it maps the others, and
+    // a read at that moment sees the tail past every PT_LOAD executable
+    // (libclang-cpp at 0x3819000, under load). Kept without rows (frame
+    // pointers there); the real mappings come with their own events.
+    out->push_back(Mapping{m.start, m.end, 0, nullptr});
+    return {};
+  }
   uint64_t load_bias = m.start - m.offset - (seg->vaddr - seg->offset);
   Mapping mp{m.start, m.end, load_bias + table.base, table.rows.empty() ? nullptr : *t};
   out->push_back(std::move(mp));
