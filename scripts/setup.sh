@@ -3,7 +3,12 @@
 # Runs as root (the tool needs root anyway); uses sudo when it is not root.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-pkgs=$(grep -v '^#' "$here/deps.txt" | grep -v '^$')
+# A line "PACKAGE COMMAND" is also satisfied by COMMAND on the PATH (npm:
+# NodeSource's nodejs carries its own npm and conflicts with Debian's).
+pkgs=$(grep -v '^#' "$here/deps.txt" | grep -v '^$' | while read -r p c; do
+  if [ -n "${c:-}" ] && command -v "$c" >/dev/null 2>&1; then continue; fi
+  echo "$p"
+done)
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
