@@ -72,8 +72,8 @@ void HeapModel::apply(const void* data, size_t len) {
       // realloc(p, n) failed: p never died. Undo the free counted at entry.
       p.s.failed_allocs++;
       auto it = p.realloc_parked.find(e.h.tid);
-      if (it != p.realloc_parked.end() && it->second.first == e.addr) {
-        const Block& b = it->second.second;
+      if (it != p.realloc_parked.end() && it->second.addr == e.addr) {
+        const Block& b = it->second.block;
         p.live.emplace(e.addr, b);
         if (faults_) index_add(p, e.addr, b.size);
         p.s.in_use_bytes += b.size;
@@ -161,7 +161,7 @@ void HeapModel::free_block(Process& p, const mt_event& e) {
   p.s.in_use_bytes -= it->second.size;
   p.s.in_use_blocks--;
   if (e.role == MT_ROLE_REALLOC || e.role == MT_ROLE_REALLOCARRAY)
-    p.realloc_parked[e.h.tid] = {e.addr, it->second};
+    p.realloc_parked[e.h.tid] = ParkedFree{e.addr, it->second, e.h.ts, false};
   p.live.erase(it);
   if (faults_) index_del(p, e.addr);
 }

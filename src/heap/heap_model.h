@@ -4,6 +4,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -82,9 +83,20 @@ struct SiteAllocs {  // allocations by stack, kept while faults are traced
 };
 
 // Allocator calls by allocation stack (always kept: one entry per distinct
-// stack of the process, for the folded and pprof outputs' alloc counts).
+// stack of the process, for the folded and pprof outputs' alloc counts, the
+// churn and the peak).
 struct StackAllocs {
   uint64_t allocs = 0, bytes = 0;
+  // Temporary allocations from this stack: see Summary::temporary_allocs.
+  uint64_t temporary = 0;
+  // Live bytes and blocks of this stack now (blocks inherited at fork too).
+  uint64_t live_bytes = 0, live_blocks = 0;
+  // Live bytes and blocks of this stack at the process's peak (the moment
+  // Summary::peak_ts of Summary::peak_in_use_bytes): over all stacks they sum
+  // to peak_in_use_bytes. Exact after every record.
+  uint64_t peak_bytes = 0, peak_blocks = 0;
+  // The model's own: live_* changed since the peak (peak_* to be updated at the next new peak).
+  bool peak_dirty = false;
 };
 
 struct Summary {
@@ -97,6 +109,56 @@ struct Summary {
   uint64_t brk_start = 0, brk_now = 0;
   uint64_t unknown_frees = 0;     // free of a block never seen allocated
   uint64_t inherited_blocks = 0;  // live blocks copied from the parent at fork
+  // Temporary allocations, heaptrack's definition per thread: a block freed
+  // by the thread that allocated it with no other allocator call (allocation
+  // or free) of that thread in between (realloc: the free of the old block
+  // at entry, then the new block at return). No age threshold: heaptrack has
+  // none, and a time threshold would count differently on a faster machine;
+  // how long blocks live is Process::lifetimes.
+  uint64_t temporary_allocs = 0;
+  // When in-use bytes first reached peak_in_use_bytes (ns, bpf_ktime_get_ns:
+  // the events' clock). A fork's child starts at its parent's in-use bytes:
+  // its peak_ts is then the parent's last event before the fork (0 if none).
+  uint64_t peak_ts = 0;
+};
+
+// How long freed blocks lived (free ts - alloc ts), log2 buckets: freed[i]
+// counts blocks that lived [2^i, 2^(i+1)) ns (freed[0]: [0, 2) ns), and
+// freed_bytes[i] their bytes. A realloc's old block is freed at the realloc.
+struct Lifetimes {
+  std::array<uint64_t, 64> freed{};
+  std::array<uint64_t, 64> freed_bytes{};
+  uint64_t live_at_end = 0;  // blocks still live (not in freed): Summary::in_use_blocks
+};
+
+// Memory over time: one point per interval of timeline_step_ns (a power of
+// two) in which the process had an event; each value is the maximum over
+// that interval (so the peak is a point), and holds until the next point.
+struct TimelinePoint {
+  uint64_t ts = 0;            // start of the interval (ns, the events' clock)
+  uint64_t in_use_bytes = 0;  // malloc family
+  uint64_t mapped_bytes = 0;  // mmap'd now (allocator's and direct) + the brk heap
+  uint64_t touched_pages = 0; // distinct pages touched by faults now (--faults; else 0)
+};
+inline constexpr size_t kTimelinePoints = 512;  // at most; then the interval doubles and pairs merge
+
+// Allocations of one stack aggregated by (alloc time bucket, free time
+// bucket): bucket b covers [span_t0 + b * span_bucket_ns, + span_bucket_ns).
+// A block live at any time in buckets [a, b]: alloc_bucket <= b && free_bucket >= a.
+inline constexpr uint16_t kSpanLive = 0xffff;  // free_bucket of blocks live now
+inline constexpr uint32_t kSpanBuckets = 128;  // at most; then the width doubles and pairs merge
+struct Span {
+  uint16_t alloc_bucket = 0;
+  uint16_t free_bucket = kSpanLive;  // kSpanLive: still live
+  uint64_t bytes = 0, count = 0;
+};
+
+// A realloc's old block between its free at entry and the return.
+struct ParkedFree {
+  uint64_t addr = 0;
+  Block block;
+  uint64_t ts = 0;         // of the free
+  bool temporary = false;  // it was its thread's last allocation
 };
 
 struct Process {
@@ -108,10 +170,27 @@ struct Process {
   Summary s;
   std::unordered_map<uint64_t, Block> live;
   std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // by stack id: malloc family only
+  // Time this image was traced: its first and last event (ns, the events'
+  // clock; a fork's child starts at its parent's last event). Churn of a
+  // stack = StackAllocs::allocs / (last_ts - first_ts).
+  uint64_t first_ts = 0, last_ts = 0;
+  Lifetimes lifetimes;                  // of freed blocks, malloc family
+  std::vector<TimelinePoint> timeline;  // at most kTimelinePoints, in time order
+  uint64_t timeline_step_ns = 0;        // interval of a point (0 before the first event)
+  // For the temporal flame graph: by stack id, sorted by (alloc_bucket,
+  // free_bucket); at most kSpanBuckets buckets from span_t0 on.
+  std::unordered_map<uint64_t, std::vector<Span>> spans;
+  uint64_t span_t0 = 0, span_bucket_ns = 0;  // span_bucket_ns: a power of two (0 before the first event)
+  // The model's own: per thread, the block it allocated last, if no call of
+  // that thread came since (temporary allocations); stacks whose live bytes
+  // changed since the peak.
+  std::unordered_map<uint32_t, uint64_t> last_alloc_by_tid;
+  std::vector<StackAllocs*> peak_dirty;
   std::map<uint64_t, Mapping> maps;  // by start
   // realloc(p, n): p's block, parked from its free at entry until the return
   // says whether realloc succeeded.
-  std::unordered_map<uint32_t, std::pair<uint64_t, Block>> realloc_parked;
+  // Its lifetime, span and temporariness are counted at the return.
+  std::unordered_map<uint32_t, ParkedFree> realloc_parked;
 
   // Page faults (only with fault tracking on).
   FaultCounts f;
