@@ -1,0 +1,60 @@
+// The heap model's cost per record, without BPF or the drain: every event
+// and stack record of a --record file is read into memory once, then applied
+// to a fresh HeapModel several times; the best run is reported.
+//
+//   model_bench FILE [RUNS]
+//
+// Prints: records, processes, best ns per record, the model's live blocks and
+// stacks at the end. Lifecycle records (exec, fork, exit) are not applied: the
+// recording should be of one program without forks (W1: PYTHONMALLOC=malloc
+// python3 bench/workloads/w1_json_dicts.py). See bench/model/RESULTS.md.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "heap/heap_model.h"
+#include "loader/recording.h"
+
+using namespace memtrace;
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: model_bench FILE.mtr [RUNS]\n");
+    return 2;
+  }
+  int runs = argc > 2 ? atoi(argv[2]) : 5;
+  // One buffer, each record at an 8-byte aligned offset (as the ring buffer has them).
+  std::vector<uint64_t> buf;
+  std::vector<std::pair<size_t, size_t>> recs;  // offset in buf (words), bytes
+  auto rf = loader::read_recording(argv[1], [](const nlohmann::json&) {}, [&](const loader::Record& r) {
+    if (r.type != loader::REC_EVENT) return;
+    size_t at = buf.size();
+    buf.resize(at + (r.payload.size() + 7) / 8);
+    memcpy(buf.data() + at, r.payload.data(), r.payload.size());
+    recs.emplace_back(at, r.payload.size());
+  });
+  if (!rf.header_ok() || !rf.error.empty()) {
+    fprintf(stderr, "model_bench: %s: %s\n", argv[1], rf.error.c_str());
+    return 2;
+  }
+  double best = 1e18;
+  size_t procs = 0, live = 0, stacks = 0;
+  for (int i = 0; i < runs; i++) {
+    heap::HeapModel m;
+    auto t0 = std::chrono::steady_clock::now();
+    for (const auto& [at, len] : recs) m.apply(buf.data() + at, len);
+    double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, ns);
+    procs = m.images().size();
+    live = stacks = 0;
+    for (const auto* p : m.images()) {
+      live += p->live.size();
+      stacks += p->stack_allocs.size();
+    }
+  }
+  printf("records %zu processes %zu best %.1f ms, %.1f ns/record; live blocks %zu, stacks %zu\n", recs.size(),
+         procs, best / 1e6, best / recs.size(), live, stacks);
+  return 0;
+}
