@@ -40,6 +40,13 @@ const volatile __u32 ncomms = 0;
 const volatile char comms[MT_MAX_COMMS][MT_COMM_LEN] = {};
 const volatile __u64 wakeup_bytes = 1 << 20;	/* wake the loader once this much is queued */
 
+/* Set by the loader when tracing ends, before it detaches: an allocator
+ * entry from then on starts no record. Detaching a file's return probes can
+ * finish before its entry probes (they are closed in parallel, and each takes
+ * long on a file many processes map); without this every call between the
+ * two counted as a missed return. Calls entered before still complete. */
+volatile bool tracing_stopped = false;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 << 20); /* resized by the loader */
@@ -332,7 +339,7 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	struct mt_inflight *cur, rec = {};
 	__u32 flags = 0;
 
-	if ((__u32)(pid_tgid >> 32) == self_pid)
+	if ((__u32)(pid_tgid >> 32) == self_pid || tracing_stopped)
 		return 0;
 
 	/* Created here for the roles that need a record at return, so that

@@ -441,10 +441,20 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
       rcookie.push_back(cookies ? s.role | img : 0);
     }
   }
+  // Return probes before entry probes: a call that enters between the two
+  // attaches must not leave a record whose return never fires (counted as
+  // missed_returns, and its allocation lost). Attaching to a file that many
+  // processes map takes long (every mm gets its breakpoints): system-wide on
+  // a busy host, hundreds of calls fell into that window.
   ProbeSet set;
   if (mode_ != AttachMode::UprobeMulti) {
     // One uprobe per offset; a refused chosen offset falls back to the
     // function's entry for that probe alone.
+    for (size_t i = 0; i < roff.size(); i++) {
+      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true, cookies);
+      if (!r) return r.error();
+      set.add(*r);
+    }
     for (const Probe& p : entry) {
       auto e = perf_uprobe(p.prog, open_path, pid, p.off, p.cookie, false, cookies);
       if (!e && p.off != p.off0) {
@@ -455,11 +465,6 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
       if (!e) return e.error();
       set.add(*e);
     }
-    for (size_t i = 0; i < roff.size(); i++) {
-      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true, cookies);
-      if (!r) return r.error();
-      set.add(*r);
-    }
     return set;
   }
   std::vector<uint64_t> eoff, ecookie, eoff0, ecookie0;
@@ -469,6 +474,11 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
     eoff0.push_back(p.off0);
     ecookie0.push_back(p.cookie0);
   }
+  if (!roff.empty()) {
+    auto r = uprobe_multi(exit_, open_path, pid, roff, rcookie, true);
+    if (!r) return r.error();
+    set.add_fd(*r);
+  }
   auto e = uprobe_multi(enter_[0], open_path, pid, eoff, ecookie, false);
   if (!e && eoff != eoff0) {
     notes_.push_back("kernel refused the chosen probe offsets in " + obj.path + " (" +
@@ -477,11 +487,6 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
   }
   if (!e) return e.error();
   set.add_fd(*e);
-  if (!roff.empty()) {
-    auto r = uprobe_multi(exit_, open_path, pid, roff, rcookie, true);
-    if (!r) return r.error();
-    set.add_fd(*r);
-  }
   return set;
 }
 

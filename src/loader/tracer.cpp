@@ -734,6 +734,7 @@ report::Drops Tracer::drops() {
 // we stopped; then the perf events of exited processes go to the reaper,
 // which holds no tracepoint.
 void Tracer::detach_probes() {
+  if (skel_ && skel_->bss) skel_->bss->tracing_stopped = true;
   for (auto& [pid, p] : procs_) {
     if (p.exited) p.probes.reset();
     else p.probes.reset_before_exit();
