@@ -36,11 +36,14 @@ const char* role_name(uint32_t r) {
 std::string frame_text(const nlohmann::json& f) {
   std::string s = f.value("address", "") + " ";
   std::string fn = f.value("function", "");
+  std::string mod = f.value("module", "");
   s += fn.empty() ? "??" : fn;
   if (!fn.empty() && !f.value("inlined", false) && f.value("offset", 0ull)) s += "+" + hex(f["offset"]);
+  // As the report prints it: "?? (git+0x6a3f2)", to be symbolized later.
+  if (fn.empty() && !mod.empty() && f.contains("module_offset"))
+    s += " (" + mod.substr(mod.rfind('/') + 1) + "+" + f["module_offset"].get<std::string>() + ")";
   if (f.contains("file")) s += " (" + f["file"].get<std::string>() + ":" + std::to_string(f.value("line", 0)) + ")";
   if (f.value("inlined", false)) s += " [inlined]";
-  std::string mod = f.value("module", "");
   if (!mod.empty()) s += " in " + mod;
   if (f.contains("unknown")) s += " <" + f["unknown"].get<std::string>() + ">";
   return s;
@@ -340,6 +343,7 @@ void Features::trace_line(const mt_event& e) {
       }
       if (f.inlined) caller["inlined"] = true;
       if (!f.unknown.empty()) caller["unknown"] = f.unknown;
+      if (f.function.empty() && !f.module.empty()) caller["module_offset"] = hex(f.module_offset);
     }
   }
   int64_t wall = int64_t(e.h.ts) + realtime_offset_ns_;

@@ -32,6 +32,8 @@ class Resolver {
   // pid exec'd: capture its new image's mappings now.
   void exec(pid_t pid);
   std::vector<report::FrameOut> resolve(pid_t pid, uint64_t addr, bool return_address);
+  // The final report: debuginfod may be asked from now on (symbolize.h).
+  void allow_debuginfod() { sym_.allow_debuginfod(); }
   report::Resolver fn() {
     return [this](pid_t p, uint64_t a, bool r) { return resolve(p, a, r); };
   }

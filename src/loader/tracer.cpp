@@ -139,6 +139,7 @@ Tracer::Tracer(Options o)
         symbolize::Options so;
         so.symbol_dirs = o_.symbol_dirs;
         so.dwarf = o_.dwarf;
+        so.defer_debuginfod = true;  // the drain thread must not wait on a download: final report only
         return so;
       }()) {
   system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty();
@@ -893,7 +894,8 @@ void Tracer::report_final(int exit_code) {
   report::Options ro;
   ro.top = o_.top;
   ro.at_exit = true;
-  ro.include_idle = !system_wide_;  // a process the user named is reported even if quiet
+  ro.include_idle = !system_wide_;
+  resolver_.allow_debuginfod();  // a process the user named is reported even if quiet
   auto d = drops();
   if (feat_) feat_->finish(d, errors_);
   // Text and JSON: the primary output, then any further text/JSON file;

@@ -128,7 +128,7 @@ std::unique_ptr<ElfImage> DebugFinder::find(const ElfImage& img, const std::stri
       if (auto d = try_debuglink(c, img)) return d;
     }
   }
-  if (!bid.empty() && debuginfod_ && Debuginfod::get().active()) {
+  if (!deferred_ && would_ask_debuginfod(img)) {
     auto got = Debuginfod::get().find(bid, "debuginfo", img.path());
     if (got.fd.valid()) {
       auto r = ElfImage::open_fd(std::move(got.fd), got.path);
@@ -136,6 +136,10 @@ std::unique_ptr<ElfImage> DebugFinder::find(const ElfImage& img, const std::stri
     }
   }
   return nullptr;
+}
+
+bool DebugFinder::would_ask_debuginfod(const ElfImage& img) const {
+  return !img.build_id().empty() && debuginfod_ && Debuginfod::get().active();
 }
 
 }  // namespace memtrace::symbolize

@@ -25,6 +25,10 @@ class DebugFinder {
   // target saw it (for DEBUG_ROOT/DIR). Either may be "".
   std::unique_ptr<ElfImage> find(const ElfImage& img, const std::string& dir,
                                  const std::string& logical_dir);
+  // While deferred, find() does not ask debuginfod; would_ask_debuginfod() says
+  // whether it would have (the file has a build-id and debuginfod is on).
+  void set_deferred(bool d) { deferred_ = d; }
+  bool would_ask_debuginfod(const ElfImage& img) const;
 
  private:
   std::unique_ptr<ElfImage> try_build_id(const std::string& path, const std::string& build_id);
@@ -34,6 +38,7 @@ class DebugFinder {
   std::vector<std::string> symbol_dirs_;
   std::string debug_root_;
   bool debuginfod_ = true;
+  bool deferred_ = false;
   std::vector<std::optional<std::unordered_map<std::string, std::string>>> indexes_;
 };
 

@@ -25,7 +25,10 @@ void Module::load(DebugFinder& finder, const Options& opts) {
   if (loaded_) return;
   loaded_ = true;
   bool want_dwarf = opts.dwarf && !img_->has_dwarf();
-  if (want_dwarf || !img_->has_symtab()) debug_ = finder.find(*img_, dir_, logical_dir_);
+  if (want_dwarf || !img_->has_symtab()) {
+    debug_ = finder.find(*img_, dir_, logical_dir_);
+    deferred_ = !debug_ && finder.would_ask_debuginfod(*img_);
+  }
   img_->collect_symbols(symbols_, true, true);
   if (debug_) debug_->collect_symbols(symbols_, true, false);
   // MiniDebugInfo: the static functions' symbols of a stripped binary, when
@@ -37,6 +40,16 @@ void Module::load(DebugFinder& finder, const Options& opts) {
     if (img_->has_dwarf()) dwarf_ = DwarfIndex::create(*img_);
     if (!dwarf_ && debug_) dwarf_ = DwarfIndex::create(*debug_);
   }
+}
+
+bool Module::reset_if_deferred() {
+  if (!deferred_) return false;
+  deferred_ = loaded_ = false;
+  debug_.reset();
+  symbols_ = SymbolTable{};
+  dwarf_.reset();
+  memo_.clear();
+  return true;
 }
 
 std::string Module::debug_path(DebugFinder& finder, const Options& opts) {

@@ -29,6 +29,9 @@ class Module {
   const ModuleLookup& lookup(uint64_t vaddr, DebugFinder& finder, const Options& opts);
   // Path of the separate debug file in use ("" if none); loads the module.
   std::string debug_path(DebugFinder& finder, const Options& opts);
+  // Loaded without asking debuginfod (deferred) where it would have asked:
+  // forget what was read, so that the next lookup loads it again.
+  bool reset_if_deferred();
 
  private:
   void load(DebugFinder& finder, const Options& opts);
@@ -37,6 +40,7 @@ class Module {
   std::unique_ptr<ElfImage> debug_;
   std::string dir_, logical_dir_;
   bool loaded_ = false;
+  bool deferred_ = false;  // loaded while debuginfod was deferred, and it would have been asked
   SymbolTable symbols_;
   std::unique_ptr<DwarfIndex> dwarf_;
   std::unordered_map<uint64_t, ModuleLookup> memo_;

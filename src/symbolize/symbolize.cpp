@@ -81,6 +81,7 @@ struct AddressSpace::Impl {
   // where they overlap; the older remain reachable outside the overlap.
   std::map<uint64_t, std::pair<uint64_t, const MapEntry*>> view;
   mutable std::unordered_map<uint64_t, Symbolized> memo[2];
+  mutable uint64_t memo_generation = 0;  // Symbolizer::Impl::generation the memos belong to
 
   void insert(std::shared_ptr<const MapEntry> e) {
     uint64_t s = e->info.start, en = e->info.end;
@@ -124,8 +125,9 @@ struct Symbolizer::Impl {
   std::map<std::pair<uint64_t, uint64_t>, std::pair<std::shared_ptr<Module>, Unknown>> by_devino;
   std::unordered_map<std::string, std::shared_ptr<Module>> by_build_id;
   Stats stats;
+  uint64_t generation = 0;  // bumped when modules are read again (allow_debuginfod)
 
-  explicit Impl(Options o) : opts(std::move(o)), finder(opts) {}
+  explicit Impl(Options o) : opts(std::move(o)), finder(opts) { finder.set_deferred(opts.defer_debuginfod); }
 
   // Opened file -> module (cached by dev+inode, then by build-id).
   std::pair<std::shared_ptr<Module>, Unknown> open_module(Fd fd, const std::string& path,
@@ -158,6 +160,14 @@ Symbolizer::Symbolizer(Options opts) : impl_(std::make_unique<Impl>(std::move(op
 Symbolizer::~Symbolizer() = default;
 
 Symbolizer::Stats Symbolizer::stats() const { return impl_->stats; }
+
+void Symbolizer::allow_debuginfod() {
+  impl_->finder.set_deferred(false);
+  bool again = false;
+  for (auto& [key, entry] : impl_->by_devino)
+    if (entry.first) again |= entry.first->reset_if_deferred();
+  if (again) ++impl_->generation;
+}
 
 Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
   auto maps = procfs::read_maps(pid);
@@ -274,6 +284,11 @@ Result<void> Symbolizer::add_file(AddressSpace& as, const std::string& path, uin
 const Symbolized& Symbolizer::symbolize(const AddressSpace& as, uint64_t address, bool return_address) {
   ++impl_->stats.lookups;
   const auto& a = as.impl();
+  if (a.memo_generation != impl_->generation) {
+    a.memo[0].clear();
+    a.memo[1].clear();
+    a.memo_generation = impl_->generation;
+  }
   auto& memo = a.memo[return_address ? 1 : 0];
   if (auto it = memo.find(address); it != memo.end()) return it->second;
   Symbolized s;

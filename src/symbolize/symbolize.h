@@ -58,6 +58,10 @@ struct Options {
   // Debug files missing locally are asked of DEBUGINFOD_URLS (debuginfod.h;
   // the CLI's --no-debuginfod turns it off process-wide).
   bool debuginfod = true;
+  // Ask debuginfod only once allow_debuginfod() is called: a live trace's
+  // drain thread symbolizes for --interval, --trace and the console, and a
+  // download (seconds) there would stall draining. Its final report asks.
+  bool defer_debuginfod = false;
 };
 
 class Symbolizer;
@@ -109,6 +113,11 @@ class Symbolizer {
   // Memoized per (module, address). The reference stays valid until the next
   // update/add_mapping on `as` (or its destruction). Not thread-safe.
   const Symbolized& symbolize(const AddressSpace& as, uint64_t address, bool return_address);
+
+  // From now on, debug files missing locally are asked of debuginfod (when
+  // Options::debuginfod): modules read without it while deferred are read
+  // again on their next lookup, and earlier results are forgotten.
+  void allow_debuginfod();
 
   // Introspection (tests, --verbose).
   struct Stats {

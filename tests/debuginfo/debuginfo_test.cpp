@@ -249,6 +249,35 @@ TEST(Debuginfod, StrippedProgramFramesGetNamesAndLines) {
   fs::remove_all(work);
 }
 
+// Live outputs (--trace here; --interval and the console alike) never wait
+// for a download on the drain thread: they symbolize from local files, and
+// debuginfod is asked once, for the final report.
+TEST(Debuginfod, LiveOutputsUseLocalFilesTheFinalReportAsks) {
+  require_setup();
+  std::string work = tmpdir();
+  Env env;
+  env.set("DEBUGINFOD_CACHE_PATH", work + "/cache");
+  DebuginfodServer srv;
+  std::string why = srv.start(kDebugDir, work);
+  if (!why.empty()) MEMTRACE_SKIP_OR_FAIL(why);
+  env.set("DEBUGINFOD_URLS", srv.url());
+  std::string trace = work + "/trace.txt", rep = work + "/r.json";
+  auto r = run_argv({tool(), "--trace", "-o", trace, "-o", rep, "--", kBin});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream tin(trace);
+  size_t own = 0;
+  for (std::string l; std::getline(tin, l);) {
+    if (l.find(" malloc ") == std::string::npos || l.find(" in " + kBin) == std::string::npos) continue;
+    ++own;  // a malloc called from the program itself: make_name, 16 times
+    EXPECT_NE(l.find("?? ("), std::string::npos) << l;
+    EXPECT_EQ(l.find("make_name"), std::string::npos) << "asked debuginfod while tracing: " << l;
+  }
+  EXPECT_EQ(own, 16u);
+  std::ifstream jin(rep);
+  expect_symbolized(json::parse(jin, nullptr, false));
+  fs::remove_all(work);
+}
+
 // A server that is down: one warning, no wait; one that accepts and never
 // answers: one warning after DEBUGINFOD_TIMEOUT. Frames stay ?? (module+offset).
 TEST(Debuginfod, ServerDownCostsOneWarningAndABoundedWait) {
