@@ -92,6 +92,12 @@ int main(int argc, char** argv) {
                  "(implies --faults; one -p PID; runs memtrace-singlestep)");
   app.add_option("--range", o.ranges, "START-END, or the ADDR of a live block, re-armed by --rearm (repeatable)");
   memtrace::loader::add_feature_options(app, o.features);
+  app.add_option("--metrics", o.metrics,
+                 "Serve Prometheus metrics at http://ADDR:PORT/metrics while tracing (ADDR:PORT, [IPv6]:PORT "
+                 "or :PORT for every address; port 0 picks a free one)");
+  app.add_option("--metrics-max-processes", o.metrics_max_processes,
+                 "Processes with series of their own in --metrics (default 200); the rest are summed into "
+                 "pid=\"other\"");
   app.add_option("command", o.command, "Program and arguments to launch (after --)");
   try {
     app.parse(argc, argv);

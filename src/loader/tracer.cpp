@@ -21,6 +21,7 @@
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
 #include "memtrace_bpf_compat.skel.h"
+#include "metrics/exporter.h"
 
 namespace memtrace::loader {
 namespace {
@@ -970,6 +971,16 @@ int Tracer::run() {
     if (&spec == primary) file_out_ = std::move(*f);
     else more_outs_.emplace_back(spec, std::move(*f));
   }
+  if (!o_.metrics.empty()) {  // bound before anything is traced, like the files
+    metrics::ExporterOptions mo;
+    mo.exposition.max_processes = o_.metrics_max_processes;
+    auto m = metrics::Exporter::listen(o_.metrics, mo);
+    if (!m) {
+      std::cerr << "memtrace-bpf: " << m.error().message << "\n";
+      return 2;
+    }
+    metrics_ = std::move(*m);
+  }
   if (geteuid() != 0) {
     std::cerr << "memtrace-bpf: must run as root (BPF programs and uprobes need CAP_SYS_ADMIN/CAP_BPF)\n";
     return 2;
@@ -1027,6 +1038,13 @@ int Tracer::run() {
   // the process lives). This thread only: processes started later (the
   // reaper) do not inherit it; launch mode's program is not ours to boost.
   if (system_wide_ && o_.drain_nice != 0) setpriority(PRIO_PROCESS, 0, o_.drain_nice);
+  if (metrics_) {  // a scrape wakes the drain loop; the server's thread starts after the launcher's fork
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, metrics_->wake_fd(), &ev);
+    metrics_->start();
+    std::cerr << "memtrace-bpf: metrics at " << metrics_->url() << "\n";
+  }
   if (o_.command.empty()) {
     std::string what = system_wide_ ? "system-wide" : "";
     if (!o_.pids.empty()) what += std::to_string(o_.pids.size()) + " process(es)";
@@ -1038,6 +1056,8 @@ int Tracer::run() {
   int exit_code = 0;
   while (!g_stop) {
     int n = poll(50);
+    if (metrics_)  // a scrape waits: the counters as drained so far (metrics/exporter.h)
+      metrics_->serve([this] { return metrics::snapshot_of(model_, drops(), {o_.faults, !system_wide_}); });
     // --faults: drain at least every 50 ms, so that faults on mappings made
     // before tracing are attributed from /proc/PID/maps while they exist.
     if (o_.faults) ring_buffer__consume(rb_events_);
@@ -1075,6 +1095,7 @@ int Tracer::run() {
     exit_code = launcher_->poll_exit(&st) ? Launcher::exit_code_of(st) : 130;
     if (launcher_->poll_exit(&st)) child_status_ = st;
   }
+  if (metrics_) metrics_->stop();
   stop_rearm();  // protections restored before the probes go
   // Detach uprobes and tracepoints, then drain what is left.
   detach_probes();

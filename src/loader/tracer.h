@@ -28,6 +28,9 @@
 
 struct memtrace_bpf;
 struct ring_buffer;
+namespace memtrace::metrics {
+class Exporter;
+}
 
 namespace memtrace::loader {
 
@@ -59,6 +62,8 @@ struct Options {
   double rearm_ms = 0;               // --rearm MS (with --range, one -p PID)
   std::vector<std::string> ranges;   // --range START-END | ADDR
   FeatureOptions features;           // --console --trace --live --dump-bytes --record (features.h)
+  std::string metrics;               // --metrics ADDR:PORT (metrics/exporter.h)
+  size_t metrics_max_processes = 200;  // --metrics-max-processes
 };
 
 class Tracer {
@@ -157,6 +162,7 @@ class Tracer {
   std::unique_ptr<RearmHelper> rearm_;
   nlohmann::json rearm_report_;
   std::unique_ptr<Features> feat_;  // features.h: null unless one is asked for
+  std::unique_ptr<metrics::Exporter> metrics_;  // --metrics
 };
 
 }  // namespace memtrace::loader
