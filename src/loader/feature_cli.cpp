@@ -26,9 +26,9 @@ void add_output_options(CLI::App& app, std::vector<std::string>& outputs, std::s
                         std::string& folded_value) {
   app.add_option("-o,--output", outputs,
                  "Write the report to FILE (repeatable); its format follows --format, else its extension: "
-                 ".txt, .json, .folded (folded stacks), .pb.gz (pprof)")
+                 ".txt, .json, .folded (folded stacks), .pb.gz (pprof), .html (flame graphs, memory over time)")
       ->allow_extra_args(false);  // one FILE per -o: `-o a.txt -- prog args` leaves prog's to it
-  app.add_option("--format", format, "Report format: text (default), json, folded or pprof (for every -o FILE)")
+  app.add_option("--format", format, "Report format: text (default), json, folded, pprof or html (for every -o FILE)")
       ->check(CLI::IsMember({"text", "json", "folded", "pprof", "html"}));
   app.add_option("--folded-value", folded_value,
                  "Value of each folded stack: live_bytes (at the end; default), alloc_bytes, alloc_count, "

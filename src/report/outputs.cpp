@@ -5,6 +5,7 @@
 #include <map>
 
 #include "report/folded.h"
+#include "report/html.h"
 #include "report/pprof.h"
 
 namespace memtrace::report {
@@ -39,14 +40,11 @@ std::optional<Format> format_of_extension(const std::string& path) {
   return std::nullopt;
 }
 
-static const char* kHtmlNotBuilt = "the HTML report (.html, --format html) is not built yet: use .json, .txt, .folded or .pb.gz";
-
 Result<std::vector<OutputSpec>> plan_outputs(const std::vector<std::string>& paths, const std::string& format) {
   std::optional<Format> given;
   if (!format.empty()) {
     given = format_named(format);
-    if (!given) return Error::msg("--format " + format + ": not one of text, json, folded, pprof");
-    if (*given == Format::Html) return Error::msg(kHtmlNotBuilt);
+    if (!given) return Error::msg("--format " + format + ": not one of text, json, folded, pprof, html");
   }
   std::vector<OutputSpec> out;
   if (paths.empty()) {
@@ -58,7 +56,6 @@ Result<std::vector<OutputSpec>> plan_outputs(const std::vector<std::string>& pat
   for (const auto& p : paths) {
     if (p.empty()) return Error::msg("-o: empty file name");
     auto ext = format_of_extension(p);
-    if (ext == Format::Html && (!given || paths.size() > 1)) return Error::msg(p + ": " + kHtmlNotBuilt);
     Format f;
     if (given) {
       if (paths.size() > 1 && ext && *ext != *given)
@@ -70,7 +67,7 @@ Result<std::vector<OutputSpec>> plan_outputs(const std::vector<std::string>& pat
     } else if (paths.size() == 1) {
       f = Format::Text;
     } else {
-      return Error::msg(p + ": unknown extension: several -o files need .json, .txt, .folded or .pb.gz (or --format)");
+      return Error::msg(p + ": unknown extension: several -o files need .json, .txt, .folded, .pb.gz or .html (or --format)");
     }
     out.push_back({p, f});
   }
@@ -127,6 +124,10 @@ Result<void> write_profile(std::ostream& os, Format f, const heap::HeapModel& m,
     clock_gettime(CLOCK_REALTIME, &now);
     pp.time_nanos = now.tv_sec * 1000000000LL + now.tv_nsec;
     if (auto w = write_pprof(os, m, r, o, pp); !w) return w;
+  } else if (f == Format::Html) {
+    HtmlOptions ho;
+    ho.duration_nanos = po.duration_nanos;
+    if (auto w = write_html(os, m, r, o, ho); !w) return w;
   } else {
     return Error::msg(std::string("not a profile format: ") + to_string(f));
   }

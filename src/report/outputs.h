@@ -29,7 +29,7 @@ struct OutputSpec {
 // No -o: one output, the default stream, --format or text. One -o: its
 // --format, else its extension, else text (as before several were allowed).
 // Several: --format (an extension naming another format is an error), else
-// each extension, which must be known. HTML is not built yet: an error.
+// each extension, which must be known.
 // Errors are one line without the "memtrace-bpf: " prefix.
 Result<std::vector<OutputSpec>> plan_outputs(const std::vector<std::string>& paths, const std::string& format);
 

@@ -252,9 +252,7 @@ TEST_F(Outputs, BadOutputsAreRefusedBeforeTracing) {
   };
   std::vector<Case> cases = {
       {{"-o", path("a.json"), "-o", path("b.xyz")}, "unknown extension"},
-      {{"-o", path("a.json"), "-o", path("b.html")}, "HTML"},
-      {{"-o", path("b.html")}, "HTML"},
-      {{"--format", "html", "-o", path("a.json")}, "HTML"},
+      {{"--format", "html", "-o", path("a.json"), "-o", path("b.html")}, "different formats"},
       {{"--format", "json", "-o", path("a.json"), "-o", path("b.folded")}, "different formats"},
       {{"-o", path("a.json"), "-o", path("a.json")}, "given twice"},
   };
@@ -369,10 +367,11 @@ TEST(OutputsFormat, PlanOutputs) {
   auto json_one = plan_outputs({"r.txt"}, "json");
   ASSERT_TRUE(json_one);
   EXPECT_EQ((*json_one)[0].format, Format::Json);
-  auto many = plan_outputs({"a.json", "b.folded", "c.pb.gz", "d.txt"}, "");
+  auto many = plan_outputs({"a.json", "b.folded", "c.pb.gz", "d.txt", "e.html"}, "");
   ASSERT_TRUE(many);
   EXPECT_EQ((*many)[1].format, Format::Folded);
   EXPECT_EQ((*many)[2].format, Format::Pprof);
+  EXPECT_EQ((*many)[4].format, Format::Html);
   EXPECT_EQ(memtrace::report::primary_output(*many)->path, "a.json");
   auto none = plan_outputs({}, "");
   ASSERT_TRUE(none);
