@@ -1,11 +1,18 @@
 #include "heap/heap_model.h"
 
 #include <algorithm>
+
+#include "heap/analyses.h"
 #include <cstring>
 
 namespace memtrace::heap {
 
 HeapModel::HeapModel() { stacks_.reserve(1 << 14); }
+
+// The allocation stack's counters of block b of p.
+static StackAllocs& stack_of(Process& p, const Block& b) {
+  return b.stack ? *b.stack : p.stack_allocs[b.stack_id];
+}
 
 Process& HeapModel::process(pid_t pid) {
   if (last_ && last_->pid == pid) return *last_;
@@ -58,6 +65,7 @@ void HeapModel::apply(const void* data, size_t len) {
   const auto& e = *static_cast<const mt_event*>(data);
   Process& p = process(e.h.pid);
   if (e.stack_id && !stacks_.count(e.stack_id)) missing_stacks_++;
+  analyses::on_record(p, e.h.ts);
   switch (e.h.kind) {
     case MT_EV_ALLOC:
       alloc(p, e);
@@ -79,6 +87,7 @@ void HeapModel::apply(const void* data, size_t len) {
         p.s.in_use_bytes += b.size;
         p.s.in_use_blocks++;
         p.s.frees--;
+        analyses::revived(p, stack_of(p, b), it->second, e.h.tid, it->second.prev_last);
         p.realloc_parked.erase(it);
       }
       break;
@@ -123,7 +132,10 @@ void HeapModel::apply(const void* data, size_t len) {
       break;
     default:
       malformed_++;
+      return;
   }
+  // The exec and fork records are about other images: p may be one that ended.
+  if (e.h.kind != MT_EV_EXEC && e.h.kind != MT_EV_FORK) analyses::sample(p, e.h.ts);
 }
 
 void HeapModel::alloc(Process& p, const mt_event& e) {
@@ -133,12 +145,14 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
   auto& sa = p.stack_allocs[e.stack_id];
   sa.allocs++;
   sa.bytes += e.size;
-  auto [it, inserted] = p.live.try_emplace(e.addr, Block{e.size, e.stack_id, e.h.ts});
+  const Block b{e.size, e.stack_id, e.h.ts, false, &sa};
+  auto [it, inserted] = p.live.try_emplace(e.addr, b);
   if (!inserted) {
     // A block we believe is live was handed out again: its free was lost.
     p.s.in_use_bytes -= it->second.size;
     p.s.in_use_blocks--;
-    it->second = Block{e.size, e.stack_id, e.h.ts};
+    analyses::died(p, stack_of(p, it->second), it->second, e.h.ts, false, /*known=*/false);
+    it->second = b;
   }
   if (faults_) {
     index_add(p, e.addr, e.size);
@@ -148,10 +162,13 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
   }
   p.s.in_use_bytes += e.size;
   p.s.in_use_blocks++;
-  if (p.s.in_use_bytes > p.s.peak_in_use_bytes) p.s.peak_in_use_bytes = p.s.in_use_bytes;
+  analyses::born(p, sa, e.addr, b, e.h.tid);
+  if (p.s.in_use_bytes > p.s.peak_in_use_bytes) analyses::new_peak(p, e.h.ts);
 }
 
 void HeapModel::free_block(Process& p, const mt_event& e) {
+  uint64_t prev_last = 0;
+  bool temporary = analyses::temporary_free(p, e.h.tid, e.addr, &prev_last);
   auto it = p.live.find(e.addr);
   if (it == p.live.end()) {
     p.s.unknown_frees++;
@@ -160,8 +177,9 @@ void HeapModel::free_block(Process& p, const mt_event& e) {
   p.s.frees++;
   p.s.in_use_bytes -= it->second.size;
   p.s.in_use_blocks--;
+  analyses::died(p, stack_of(p, it->second), it->second, e.h.ts, temporary);
   if (e.role == MT_ROLE_REALLOC || e.role == MT_ROLE_REALLOCARRAY)
-    p.realloc_parked[e.h.tid] = ParkedFree{e.addr, it->second, e.h.ts, false};
+    p.realloc_parked[e.h.tid] = ParkedFree{e.addr, it->second, e.h.ts, temporary, prev_last};
   p.live.erase(it);
   if (faults_) index_del(p, e.addr);
 }
@@ -268,6 +286,7 @@ void HeapModel::on_fork(pid_t parent, pid_t child) {
   c.s.inherited_blocks = pp->s.in_use_blocks;
   c.s.mapped_now_allocator = pp->s.mapped_now_allocator;
   c.s.mapped_now_direct = pp->s.mapped_now_direct;
+  analyses::inherited(c, pp->last_ts);
 }
 
 void HeapModel::on_exit(pid_t pid, int code) {
@@ -310,7 +329,7 @@ void HeapModel::clear(pid_t pid) {
   p.fault_stacks.clear();
   p.fault_regions.clear();
   p.alloc_sites.clear();
-  p.stack_allocs.clear();
+  analyses::reset(p);
   Summary fresh;
   fresh.brk_start = p.s.brk_start;
   fresh.brk_now = p.s.brk_now;

@@ -19,11 +19,16 @@
 
 namespace memtrace::heap {
 
+struct StackAllocs;
+
 struct Block {
   uint64_t size = 0;
   uint64_t stack_id = 0;
   uint64_t ts = 0;
   bool touched = false;  // a page fault landed in it (fault tracking on)
+  // The model's own: Process::stack_allocs[stack_id] of the block's process
+  // (saves a lookup per free; the map node costs the same 64 bytes with it).
+  StackAllocs* stack = nullptr;
 };
 
 struct Mapping {
@@ -82,6 +87,17 @@ struct SiteAllocs {  // allocations by stack, kept while faults are traced
   uint64_t bytes = 0, blocks = 0, touched_blocks = 0;
 };
 
+// Allocations of one stack aggregated by (alloc time bucket, free time
+// bucket): bucket b covers [span_t0 + b * span_bucket_ns, + span_bucket_ns).
+// A block live at any time in buckets [a, b]: alloc_bucket <= b && free_bucket >= a.
+inline constexpr uint16_t kSpanLive = 0xffff;  // free_bucket of blocks live now
+inline constexpr uint32_t kSpanBuckets = 128;  // at most; then the width doubles and pairs merge
+struct Span {
+  uint16_t alloc_bucket = 0;
+  uint16_t free_bucket = kSpanLive;  // kSpanLive: still live
+  uint64_t bytes = 0, count = 0;
+};
+
 // Allocator calls by allocation stack (always kept: one entry per distinct
 // stack of the process, for the folded and pprof outputs' alloc counts, the
 // churn and the peak).
@@ -95,8 +111,10 @@ struct StackAllocs {
   // Summary::peak_ts of Summary::peak_in_use_bytes): over all stacks they sum
   // to peak_in_use_bytes. Exact after every record.
   uint64_t peak_bytes = 0, peak_blocks = 0;
-  // The model's own: live_* changed since the peak (peak_* to be updated at the next new peak).
+  // The model's own: live_* changed since the peak (peak_* to be updated at
+  // the next new peak); Process::spans[this stack] (saves a lookup per event).
   bool peak_dirty = false;
+  std::vector<Span>* spans = nullptr;
 };
 
 struct Summary {
@@ -126,9 +144,9 @@ struct Summary {
 // counts blocks that lived [2^i, 2^(i+1)) ns (freed[0]: [0, 2) ns), and
 // freed_bytes[i] their bytes. A realloc's old block is freed at the realloc.
 struct Lifetimes {
+  uint64_t live_at_end = 0;  // blocks still live (not in freed): Summary::in_use_blocks
   std::array<uint64_t, 64> freed{};
   std::array<uint64_t, 64> freed_bytes{};
-  uint64_t live_at_end = 0;  // blocks still live (not in freed): Summary::in_use_blocks
 };
 
 // Memory over time: one point per interval of timeline_step_ns (a power of
@@ -142,16 +160,6 @@ struct TimelinePoint {
 };
 inline constexpr size_t kTimelinePoints = 512;  // at most; then the interval doubles and pairs merge
 
-// Allocations of one stack aggregated by (alloc time bucket, free time
-// bucket): bucket b covers [span_t0 + b * span_bucket_ns, + span_bucket_ns).
-// A block live at any time in buckets [a, b]: alloc_bucket <= b && free_bucket >= a.
-inline constexpr uint16_t kSpanLive = 0xffff;  // free_bucket of blocks live now
-inline constexpr uint32_t kSpanBuckets = 128;  // at most; then the width doubles and pairs merge
-struct Span {
-  uint16_t alloc_bucket = 0;
-  uint16_t free_bucket = kSpanLive;  // kSpanLive: still live
-  uint64_t bytes = 0, count = 0;
-};
 
 // A realloc's old block between its free at entry and the return.
 struct ParkedFree {
@@ -159,6 +167,7 @@ struct ParkedFree {
   Block block;
   uint64_t ts = 0;         // of the free
   bool temporary = false;  // it was its thread's last allocation
+  uint64_t prev_last = 0;  // the thread's last allocation before the free (restored if realloc fails)
 };
 
 struct Process {
@@ -168,28 +177,31 @@ struct Process {
   std::optional<int> exit_code;  // wait-status style: code << 8 | signal
   bool exited = false;
   Summary s;
-  std::unordered_map<uint64_t, Block> live;
-  std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // by stack id: malloc family only
   // Time this image was traced: its first and last event (ns, the events'
   // clock; a fork's child starts at its parent's last event). Churn of a
   // stack = StackAllocs::allocs / (last_ts - first_ts).
   uint64_t first_ts = 0, last_ts = 0;
-  Lifetimes lifetimes;                  // of freed blocks, malloc family
+  uint64_t timeline_step_ns = 0;        // interval of a timeline point (0 before the first event)
+  uint64_t span_t0 = 0, span_bucket_ns = 0;  // span_bucket_ns: a power of two (0 before the first event)
   std::vector<TimelinePoint> timeline;  // at most kTimelinePoints, in time order
-  uint64_t timeline_step_ns = 0;        // interval of a point (0 before the first event)
+  // The model's own: the thread of the last allocator call and the block it
+  // allocated last if no call of that thread came since (temporary
+  // allocations); the other threads' in last_alloc_by_tid. Stacks whose live
+  // bytes changed since the peak.
+  uint32_t cur_tid = 0;
+  uint64_t cur_tid_last = 0;
+  std::unordered_map<uint32_t, uint64_t> last_alloc_by_tid;
+  std::vector<StackAllocs*> peak_dirty;
+  Lifetimes lifetimes;  // of freed blocks, malloc family
+  std::unordered_map<uint64_t, Block> live;
+  std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // by stack id: malloc family only
   // For the temporal flame graph: by stack id, sorted by (alloc_bucket,
   // free_bucket); at most kSpanBuckets buckets from span_t0 on.
   std::unordered_map<uint64_t, std::vector<Span>> spans;
-  uint64_t span_t0 = 0, span_bucket_ns = 0;  // span_bucket_ns: a power of two (0 before the first event)
-  // The model's own: per thread, the block it allocated last, if no call of
-  // that thread came since (temporary allocations); stacks whose live bytes
-  // changed since the peak.
-  std::unordered_map<uint32_t, uint64_t> last_alloc_by_tid;
-  std::vector<StackAllocs*> peak_dirty;
   std::map<uint64_t, Mapping> maps;  // by start
   // realloc(p, n): p's block, parked from its free at entry until the return
-  // says whether realloc succeeded.
-  // Its lifetime, span and temporariness are counted at the return.
+  // says whether realloc succeeded (if not, its free is undone: counters,
+  // lifetime, span, temporariness).
   std::unordered_map<uint32_t, ParkedFree> realloc_parked;
 
   // Page faults (only with fault tracking on).
