@@ -76,21 +76,50 @@ std::string frame_label(const FrameOut& f) {
   return b;
 }
 
-// Frame indexes of a stack, outermost first.
-json stack_frames(const heap::HeapModel& m, const Resolver& r, Tables& t, pid_t pid, uint64_t stack_id) {
-  json out = json::array();
-  if (!stack_id) {
-    out.push_back(t.synthetic("[no stack]"));
+// A call path: the return addresses of a stack, outermost first, after
+// kTruncated when the stack was cut short.
+constexpr uint64_t kTruncated = ~uint64_t(0);
+std::vector<uint64_t> path_of(const heap::HeapModel& m, uint64_t stack_id) {
+  std::vector<uint64_t> path;
+  const heap::Stack* st = stack_id ? m.stack(stack_id) : nullptr;
+  if (!st) return path;
+  if (st->truncated) path.push_back(kTruncated);
+  path.insert(path.end(), st->ips.rbegin(), st->ips.rend());
+  return path;
+}
+
+// Frame indexes of call paths of one process, each address symbolized once.
+class PathFrames {
+ public:
+  PathFrames(const Resolver& r, Tables& t, pid_t pid) : r_(r), t_(t), pid_(pid) {}
+  // The frames of path's first n addresses, outermost first (an address
+  // with inlined frames: the function they were inlined into first).
+  json frames(const std::vector<uint64_t>& path, size_t n) {
+    json out = json::array();
+    for (size_t i = 0; i < n && i < path.size(); i++)
+      for (int64_t f : of(path[i])) out.push_back(f);
     return out;
   }
-  bool trunc = false;
-  auto fs = frames_of(m, r, pid, stack_id, &trunc);
-  if (trunc) out.push_back(t.synthetic("[truncated]"));
-  for (auto it = fs.rbegin(); it != fs.rend(); ++it)
-    out.push_back(t.frame(frame_label(*it), it->file, it->line, it->module, it->inlined));
-  if (fs.empty()) out.push_back(t.synthetic("[no stack]"));
-  return out;
-}
+
+ private:
+  const std::vector<int64_t>& of(uint64_t ip) {
+    auto [it, added] = by_ip_.try_emplace(ip);
+    if (!added) return it->second;
+    if (ip == kTruncated) {
+      it->second.push_back(t_.synthetic("[truncated]"));
+      return it->second;
+    }
+    // Every recorded address is a return address (the caller's call site).
+    auto fs = r_(pid_, ip, true);
+    for (auto f = fs.rbegin(); f != fs.rend(); ++f)
+      it->second.push_back(t_.frame(frame_label(*f), f->file, f->line, f->module, f->inlined));
+    return it->second;
+  }
+  const Resolver& r_;
+  Tables& t_;
+  pid_t pid_;
+  std::unordered_map<uint64_t, std::vector<int64_t>> by_ip_;
+};
 
 std::vector<Row> rows_of(const heap::HeapModel& m, const heap::Process& p) {
   std::unordered_map<uint64_t, Row> by;
@@ -117,45 +146,117 @@ std::vector<Row> rows_of(const heap::HeapModel& m, const heap::Process& p) {
   return rows;
 }
 
-// The rows with the largest share of any column first (ties: by stack id).
-void rank(std::vector<Row>& rows) {
-  std::array<double, kCols> total{};
-  for (const auto& r : rows)
-    for (int c = 0; c < kCols; c++) total[c] += static_cast<double>(r.v[c]);
-  auto score = [&](const Row& r) {
+// A row's share of the process's total, the largest over the columns.
+class Share {
+ public:
+  explicit Share(const std::vector<Row>& rows) {
+    for (const auto& r : rows)
+      for (int c = 0; c < kCols; c++) total_[c] += static_cast<double>(r.v[c]);
+  }
+  double operator()(const Row& r) const {
     double s = 0;
     for (int c = 0; c < kCols; c++)
-      if (total[c] > 0) s = std::max(s, static_cast<double>(r.v[c]) / total[c]);
+      if (total_[c] > 0) s = std::max(s, static_cast<double>(r.v[c]) / total_[c]);
     return s;
-  };
+  }
+
+ private:
+  std::array<double, kCols> total_{};
+};
+
+void add(Row& to, const Row& from) {
+  for (int c = 0; c < kCols; c++) to.v[c] += from.v[c];
+}
+
+// A stack of the page: its frames (outermost first), its values and the
+// model's stacks it holds (one, or those folded into it).
+struct Entry {
+  json frames = json::array();
+  Row row;
+  std::vector<uint64_t> ids;
+};
+
+struct Entries {
+  std::vector<Entry> list;  // kept stacks, then folds
+  size_t stacks = 0, kept = 0, folded = 0;
+};
+
+// The page's stacks of p: the `cap` stacks with the largest share of any
+// value, whole; every other stack is folded into a frame "(N other stacks)"
+// under the longest call path it shares with a kept stack (the same return
+// addresses from the outermost in), so that its values stay where they were
+// spent. At most `cap` folds: the smallest join the one at the root.
+Entries entries_of(const heap::HeapModel& m, const heap::Process& p, PathFrames& pf, Tables& t, size_t cap) {
+  std::vector<Row> rows = rows_of(m, p);
+  Share share(rows);
   std::vector<std::pair<double, size_t>> order;
-  order.reserve(rows.size());
-  for (size_t i = 0; i < rows.size(); i++) order.emplace_back(score(rows[i]), i);
+  for (size_t i = 0; i < rows.size(); i++) order.emplace_back(share(rows[i]), i);
   std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : rows[a.second].stack_id < rows[b.second].stack_id;
   });
-  std::vector<Row> sorted;
-  sorted.reserve(rows.size());
-  for (const auto& [s, i] : order) sorted.push_back(rows[i]);
-  rows.swap(sorted);
-}
-
-json summary_json(const heap::HeapModel& m, const heap::Process& p) {
-  const auto& s = p.s;
-  json j = {
-      {"allocs", s.allocs},
-      {"frees", s.frees},
-      {"bytes_allocated", s.bytes_allocated},
-      {"in_use_bytes", s.in_use_bytes},
-      {"in_use_blocks", s.in_use_blocks},
-      {"peak_in_use_bytes", s.peak_in_use_bytes},
-      {"failed_allocs", s.failed_allocs},
-      {"mmap_bytes_direct", s.mmap_bytes_direct},
-      {"mmap_bytes_allocator", s.mmap_bytes_allocator},
-      {"temporary_allocs", s.temporary_allocs},
-  };
-  if (m.faults_enabled()) j["pages_first_touched"] = p.f.pages_first_touched;
-  return j;
+  Entries out;
+  out.stacks = rows.size();
+  out.kept = std::min(rows.size(), cap);
+  out.folded = rows.size() - out.kept;
+  // The kept paths as a trie: node -> the kept path through it and its depth.
+  std::map<std::pair<uint32_t, uint64_t>, uint32_t> child;
+  std::vector<std::pair<size_t, size_t>> node_at = {{0, 0}};
+  std::vector<std::vector<uint64_t>> paths;
+  for (size_t k = 0; k < out.kept; k++) {
+    const Row& row = rows[order[k].second];
+    auto path = path_of(m, row.stack_id);
+    uint32_t node = 0;
+    for (size_t d = 0; d < path.size(); d++) {
+      auto [it, added] = child.try_emplace({node, path[d]}, static_cast<uint32_t>(node_at.size()));
+      if (added) node_at.emplace_back(k, d + 1);
+      node = it->second;
+    }
+    Entry e{pf.frames(path, path.size()), row, {row.stack_id}};
+    if (e.frames.empty()) e.frames.push_back(t.synthetic("[no stack]"));
+    out.list.push_back(std::move(e));
+    paths.push_back(std::move(path));
+  }
+  std::map<uint32_t, Entry> folds;  // by the trie node where the path leaves the kept ones
+  for (size_t k = out.kept; k < rows.size(); k++) {
+    const Row& row = rows[order[k].second];
+    uint32_t node = 0;
+    for (uint64_t ip : path_of(m, row.stack_id)) {
+      auto it = child.find({node, ip});
+      if (it == child.end()) break;
+      node = it->second;
+    }
+    Entry& f = folds[node];
+    add(f.row, row);
+    f.ids.push_back(row.stack_id);
+  }
+  std::vector<std::pair<double, uint32_t>> by_share;
+  for (const auto& [node, f] : folds) by_share.emplace_back(share(f.row), node);
+  std::sort(by_share.begin(), by_share.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  for (size_t i = cap > 0 ? cap - 1 : 0; i < by_share.size(); i++) {
+    uint32_t node = by_share[i].second;
+    if (!node) continue;
+    Entry& root = folds[0];
+    add(root.row, folds[node].row);
+    root.ids.insert(root.ids.end(), folds[node].ids.begin(), folds[node].ids.end());
+    folds.erase(node);
+  }
+  for (const auto& [s, node] : by_share) {
+    auto it = folds.find(node);
+    if (it == folds.end()) continue;
+    Entry f = std::move(it->second);
+    if (node) f.frames = pf.frames(paths[node_at[node].first], node_at[node].second);
+    f.frames.push_back(t.synthetic("(" + std::to_string(f.ids.size()) + " other stacks)"));
+    out.list.push_back(std::move(f));
+  }
+  if (auto it = folds.find(0); it != folds.end() && std::none_of(by_share.begin(), by_share.end(),
+                                                                 [](const auto& b) { return b.second == 0; })) {
+    Entry f = std::move(it->second);  // made only by the merging above
+    f.frames.push_back(t.synthetic("(" + std::to_string(f.ids.size()) + " other stacks)"));
+    out.list.push_back(std::move(f));
+  }
+  return out;
 }
 
 // Signed ns from origin (a fork's child's first points can come before its first event).
@@ -192,18 +293,16 @@ void add_spans(SpanSums& to, const std::vector<heap::Span>& from) {
   }
 }
 
-// Spans of the page's stacks (one list per row, "other" merged): with more
-// than max entries, buckets are merged in pairs (bucket_ns doubles) until
-// they fit. Flat per stack: alloc bucket, free bucket, bytes, count, ...
-json spans_json(const heap::Process& p, const std::vector<Row>& kept, const std::vector<Row>& folded,
-                uint64_t origin, size_t max) {
+// Spans of the page's stacks (a fold: its stacks' merged): with more than
+// max entries, buckets are merged in pairs (bucket_ns doubles) until they
+// fit. Flat per stack: alloc bucket, free bucket, bytes, count, ...
+json spans_json(const heap::Process& p, const std::vector<Entry>& entries, uint64_t origin, size_t max) {
   if (!p.span_bucket_ns) return nullptr;
-  std::vector<SpanSums> lists(kept.size() + (folded.empty() ? 0 : 1));
+  std::vector<SpanSums> lists(entries.size());
   size_t n = 0;
-  for (size_t i = 0; i < kept.size(); i++)
-    if (auto it = p.spans.find(kept[i].stack_id); it != p.spans.end()) add_spans(lists[i], it->second);
-  for (const auto& row : folded)
-    if (auto it = p.spans.find(row.stack_id); it != p.spans.end()) add_spans(lists.back(), it->second);
+  for (size_t i = 0; i < entries.size(); i++)
+    for (uint64_t id : entries[i].ids)
+      if (auto it = p.spans.find(id); it != p.spans.end()) add_spans(lists[i], it->second);
   for (const auto& l : lists) n += l.size();
   uint64_t bucket_ns = p.span_bucket_ns;
   while (n > max && bucket_ns < (uint64_t(1) << 62)) {
@@ -230,54 +329,38 @@ json spans_json(const heap::Process& p, const std::vector<Row>& kept, const std:
           {"by_stack", std::move(by_stack)}};
 }
 
-json image_json(const heap::HeapModel& m, const Resolver& r, Tables& t, const heap::Process& p, size_t cap,
-                const HtmlOptions& ho) {
-  json j;
-  j["pid"] = p.pid;
-  j["ppid"] = p.ppid;
-  j["comm"] = p.comm.empty() ? "?" : p.comm;
-  j["image"] = p.image;
-  j["ended"] = p.ended_by_exec ? "exec" : p.exited ? "exit" : "running";
-  j["exit_code"] = nullptr;
-  if (p.exited && p.exit_code && !p.ended_by_exec) {
-    int st = *p.exit_code;
-    j["exit_code"] = (st & 0x7f) ? 128 + (st & 0x7f) : (st >> 8) & 0xff;
-  }
-  j["summary"] = summary_json(m, p);
+// jp: the image in the JSON report (its summary, how it ended, in the same words).
+json image_json(const heap::HeapModel& m, const Resolver& r, Tables& t, const heap::Process& p, const json& jp,
+                size_t cap, const HtmlOptions& ho) {
+  json j = {{"pid", jp["pid"]},     {"ppid", jp["ppid"]},   {"comm", jp["comm"]},
+            {"image", jp["exec_index"]}, {"ended", jp["ended"]}, {"exit_code", jp["exit_code"]},
+            {"summary", jp["summary"]}};
+  j["summary"]["temporary_allocs"] = p.s.temporary_allocs;
+  if (m.faults_enabled()) j["summary"]["pages_first_touched"] = p.f.pages_first_touched;
   // Times are ns from the image's first event (t0_ns, the events' clock).
   uint64_t origin = p.first_ts ? p.first_ts : !p.timeline.empty() ? p.timeline.front().ts : p.span_t0;
   j["t0_ns"] = origin;
   j["duration_ns"] = p.last_ts > origin ? p.last_ts - origin : 0;
   if (p.s.peak_ts) j["peak_ts"] = since(p.s.peak_ts, origin);
 
-  std::vector<Row> rows = rows_of(m, p);
-  rank(rows);
-  size_t kept = std::min(rows.size(), cap);
-  std::vector<Row> folded(rows.begin() + static_cast<ptrdiff_t>(kept), rows.end());
-  rows.resize(kept);
+  PathFrames pf(r, t, p.pid);
+  Entries es = entries_of(m, p, pf, t, cap);
   json stacks = json::array();
-  for (const auto& row : rows) stacks.push_back(stack_frames(m, r, t, p.pid, row.stack_id));
-  std::vector<Row> shown = rows;
-  if (!folded.empty()) {
-    stacks.push_back(json::array({t.synthetic("(other " + std::to_string(folded.size()) + " stacks)")}));
-    Row other;
-    for (const auto& row : folded)
-      for (int c = 0; c < kCols; c++) other.v[c] += row.v[c];
-    shown.push_back(other);
-  }
+  for (auto& e : es.list) stacks.push_back(std::move(e.frames));
   json values = json::object();
   for (int c = 0; c < kCols; c++) {
     if (c == kPages && !m.faults_enabled()) continue;
     json col = json::array();
-    for (const auto& row : shown) col.push_back(row.v[c]);
+    for (const auto& e : es.list) col.push_back(e.row.v[c]);
     values[kColName[c]] = std::move(col);
   }
   j["stacks"] = std::move(stacks);
-  j["stacks_total"] = kept + folded.size();
-  j["other_stacks"] = folded.size();
+  j["stacks_total"] = es.stacks;
+  j["kept_stacks"] = es.kept;
+  j["other_stacks"] = es.folded;
   j["values"] = std::move(values);
   j["timeline"] = timeline_json(m, p, origin);
-  j["spans"] = spans_json(p, rows, folded, origin, ho.max_spans);
+  j["spans"] = spans_json(p, es.list, origin, ho.max_spans);
   j["lifetimes"] = lifetimes_json(p);
   return j;
 }
@@ -294,14 +377,23 @@ std::string now_text() {
 }  // namespace
 
 json html_data(const heap::HeapModel& m, const Resolver& r, const Options& o, const HtmlOptions& ho) {
-  std::vector<const heap::Process*> shown;
+  // The JSON report's entries for the images it shows (the same ones), with
+  // no stack in them (top 0: nothing to symbolize).
+  Options brief = o;
+  brief.top = 0;
+  json base = to_json(m, r, brief, Drops{});
+  std::vector<std::pair<const heap::Process*, const json*>> shown;
   for (const heap::Process* p : m.images())
-    if (o.include_idle || active(*p)) shown.push_back(p);
+    for (const auto& jp : base["processes"])
+      if (jp["pid"] == p->pid && jp["exec_index"] == p->image) {
+        shown.emplace_back(p, &jp);
+        break;
+      }
   size_t cap = ho.max_stacks;
   if (!shown.empty()) cap = std::min(cap, std::max(ho.min_stacks, ho.max_stacks_total / shown.size()));
   Tables t;
   json images = json::array();
-  for (const heap::Process* p : shown) images.push_back(image_json(m, r, t, *p, cap, ho));
+  for (const auto& [p, jp] : shown) images.push_back(image_json(m, r, t, *p, *jp, cap, ho));
   long page = sysconf(_SC_PAGESIZE);
   return {
       {"format", "memtrace-bpf html"},

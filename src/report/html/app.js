@@ -124,9 +124,9 @@
     drawChurn(im);
     const note = document.getElementById("cap-note");
     note.textContent = im.other_stacks
-      ? `This page holds the ${group(im.stacks.length - 1)} stacks with the largest values of ${group(im.stacks_total)}; ` +
-        `the other ${group(im.other_stacks)} are folded into the frame "(other ${group(im.other_stacks)} stacks)" ` +
-        `(totals stay exact).`
+      ? `This page holds whole the ${group(im.kept_stacks)} stacks with the largest values of ${group(im.stacks_total)}; ` +
+        `the other ${group(im.other_stacks)} are folded into frames "(N other stacks)", each under the longest ` +
+        `call path it shares with a stack kept whole: every total stays exact.`
       : "";
   }
 
@@ -368,6 +368,9 @@
     }
     const inner = frames[frames.length - 1];
     td.append(el("div", { class: "fn" }, frameName(inner)), el("div", { class: "loc" }, frameLocation(inner)));
+    // Its caller too: the innermost frame is often an allocator's wrapper (operator new).
+    if (frames.length > 1)
+      td.append(el("div", { class: "loc" }, "called from ", el("span", { class: "fn" }, frameName(frames[frames.length - 2]))));
     if (frames.length > 1) {
       const det = el("details", {}, el("summary", {}, `${frames.length} frames`));
       const ol = el("ol");
