@@ -16,6 +16,7 @@
 #include "report/folded.h"
 #include "report/outputs.h"
 #include "report/pprof.h"
+#include "slurp.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
@@ -24,13 +25,6 @@ using nlohmann::json;
 namespace {
 
 constexpr long kRounds = 200;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 bool exists(const std::string& path) {
   struct stat st;
