@@ -1,6 +1,7 @@
 #include "report/report.h"
 
 #include <algorithm>
+#include <array>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
@@ -225,6 +226,182 @@ std::vector<LeakGroup> leak_groups(const heap::Process& p) {
   return v;
 }
 
+// ---------------------------------------------------------------- analyses
+
+namespace {
+
+std::string seconds(double s) {
+  char b[32];
+  snprintf(b, sizeof b, "%.3f s", s);
+  return b;
+}
+
+std::string rate(double v) {
+  char b[32];
+  snprintf(b, sizeof b, v >= 100 ? "%.0f" : "%.1f", v);
+  return b;
+}
+
+double since_first(const heap::Process& p, uint64_t ts) { return ts > p.first_ts ? (ts - p.first_ts) / 1e9 : 0; }
+
+std::string base_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+// Lifetimes of freed blocks in four ranges: [0, 2^10), [2^10, 2^20),
+// [2^20, 2^30) ns and longer (about 1 us, 1 ms, 1 s).
+std::array<uint64_t, 4> lifetime_ranges(const heap::Lifetimes& l) {
+  std::array<uint64_t, 4> r{};
+  for (size_t i = 0; i < l.freed.size(); i++) r[std::min<size_t>(i / 10, 3)] += l.freed[i];
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::pair<uint64_t, const heap::StackAllocs*>> stacks_by(const heap::Process& p,
+                                                                      uint64_t heap::StackAllocs::*field) {
+  std::vector<std::pair<uint64_t, const heap::StackAllocs*>> v;
+  for (const auto& [id, sa] : p.stack_allocs)
+    if (sa.*field) v.emplace_back(id, &sa);
+  std::sort(v.begin(), v.end(), [field](const auto& a, const auto& b) {
+    return a.second->*field != b.second->*field ? a.second->*field > b.second->*field : a.first < b.first;
+  });
+  return v;
+}
+
+double traced_seconds(const heap::Process& p) { return p.last_ts > p.first_ts ? (p.last_ts - p.first_ts) / 1e9 : 0; }
+
+double per_second(const heap::Process& p, uint64_t n) {
+  double t = traced_seconds(p);
+  return t > 0 ? n / t : 0;
+}
+
+std::string stack_line(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id, size_t max_frames) {
+  bool trunc = false;
+  auto fs = frames_of(m, r, pid, stack_id, &trunc);
+  if (fs.empty()) return "(no stack)";
+  std::string s;
+  for (size_t i = 0; i < fs.size() && i < max_frames; i++) {
+    const auto& f = fs[i];
+    if (i) s += " < ";
+    if (!f.function.empty()) s += f.function;
+    else if (!f.module.empty()) s += "?? (" + base_name(f.module) + "+" + hex(f.module_offset) + ")";
+    else s += hex(f.address);
+    if (!f.file.empty()) s += " (" + base_name(f.file) + ":" + std::to_string(f.line) + ")";
+  }
+  if (fs.size() > max_frames || trunc) s += " < ...";
+  return s;
+}
+
+void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
+                         size_t top) {
+  const auto& s = p.s;
+  auto peak = stacks_by(p, &heap::StackAllocs::peak_bytes);
+  size_t n = std::min(peak.size(), top);
+  if (n) {
+    os << "PEAK: " << s.peak_in_use_bytes << " bytes at " << seconds(since_first(p, s.peak_ts))
+       << "; live then, by stack (" << n << " of " << peak.size() << ")\n";
+    for (size_t i = 0; i < n; i++)
+      os << "    " << peak[i].second->peak_bytes << " bytes in " << peak[i].second->peak_blocks << " blocks: "
+         << stack_line(m, r, p.pid, peak[i].first) << "\n";
+    os << "\n";
+  }
+  auto temp = stacks_by(p, &heap::StackAllocs::temporary);
+  n = std::min(temp.size(), top);
+  if (n) {
+    os << "MOST TEMPORARY ALLOCATIONS (freed before their thread's next allocator call; " << n << " of "
+       << temp.size() << ")\n";
+    for (size_t i = 0; i < n; i++) {
+      const auto& sa = *temp[i].second;
+      char pct[16];
+      snprintf(pct, sizeof pct, "%.1f%%", 100.0 * sa.temporary / (sa.allocs ? sa.allocs : 1));
+      os << "    " << sa.temporary << " of " << sa.allocs << " allocations (" << pct << "): "
+         << stack_line(m, r, p.pid, temp[i].first) << "\n";
+    }
+    os << "\n";
+  }
+  auto churn = stacks_by(p, &heap::StackAllocs::allocs);
+  n = std::min(churn.size(), top);
+  if (n) {
+    os << "MOST ALLOCATIONS (churn over " << seconds(traced_seconds(p)) << " traced; " << n << " of " << churn.size()
+       << ")\n";
+    for (size_t i = 0; i < n; i++) {
+      const auto& sa = *churn[i].second;
+      os << "    " << sa.allocs << " allocations (" << rate(per_second(p, sa.allocs)) << "/s), " << sa.bytes
+         << " bytes: " << stack_line(m, r, p.pid, churn[i].first) << "\n";
+    }
+    os << "\n";
+  }
+}
+
+nlohmann::json analysis_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, size_t top) {
+  using nlohmann::json;
+  const auto& s = p.s;
+  std::vector<uint64_t> listed;  // stacks shown: their spans follow
+  auto stack_entry = [&](uint64_t id, json j) {
+    bool trunc = false;
+    j["stack_id"] = hex(id);
+    j["stack"] = frames_json(m, r, p.pid, id, &trunc);
+    j["stack_truncated"] = trunc;
+    listed.push_back(id);
+    return j;
+  };
+  json a;
+  a["first_ts_ns"] = p.first_ts;
+  a["last_ts_ns"] = p.last_ts;
+  a["traced_s"] = traced_seconds(p);
+  a["allocs_per_s"] = per_second(p, s.allocs);
+  a["temporary_allocs"] = s.temporary_allocs;
+  a["temporary_per_s"] = per_second(p, s.temporary_allocs);
+
+  auto peak = stacks_by(p, &heap::StackAllocs::peak_bytes);
+  json ps = json::array();
+  for (size_t i = 0; i < std::min(peak.size(), top); i++)
+    ps.push_back(stack_entry(peak[i].first, {{"bytes", peak[i].second->peak_bytes}, {"blocks", peak[i].second->peak_blocks}}));
+  a["peak"] = {{"bytes", s.peak_in_use_bytes}, {"ts_ns", s.peak_ts}, {"at_s", since_first(p, s.peak_ts)},
+               {"stacks_total", peak.size()}, {"stacks", std::move(ps)}};
+
+  auto temp = stacks_by(p, &heap::StackAllocs::temporary);
+  json ts = json::array();
+  for (size_t i = 0; i < std::min(temp.size(), top); i++) {
+    const auto& sa = *temp[i].second;
+    ts.push_back(stack_entry(temp[i].first, {{"temporary", sa.temporary}, {"allocs", sa.allocs},
+                                             {"temporary_per_s", per_second(p, sa.temporary)}}));
+  }
+  a["temporary"] = {{"stacks_total", temp.size()}, {"stacks", std::move(ts)}};
+
+  auto churn = stacks_by(p, &heap::StackAllocs::allocs);
+  json cs = json::array();
+  for (size_t i = 0; i < std::min(churn.size(), top); i++) {
+    const auto& sa = *churn[i].second;
+    cs.push_back(stack_entry(churn[i].first, {{"allocs", sa.allocs}, {"allocs_per_s", per_second(p, sa.allocs)},
+                                              {"bytes", sa.bytes}, {"temporary", sa.temporary}}));
+  }
+  a["churn"] = {{"stacks_total", churn.size()}, {"stacks", std::move(cs)}};
+
+  a["lifetimes"] = {{"freed", p.lifetimes.freed}, {"freed_bytes", p.lifetimes.freed_bytes},
+                    {"live_at_end", p.lifetimes.live_at_end}};
+
+  json pts = json::array();
+  for (const auto& pt : p.timeline) pts.push_back({pt.ts, pt.in_use_bytes, pt.mapped_bytes, pt.touched_pages});
+  a["timeline"] = {{"step_ns", p.timeline_step_ns}, {"points", std::move(pts)}};
+
+  // The leak groups' stacks too (the same top).
+  auto groups = leak_groups(p);
+  for (size_t i = 0; i < std::min(groups.size(), top); i++) listed.push_back(groups[i].stack_id);
+  std::sort(listed.begin(), listed.end());
+  listed.erase(std::unique(listed.begin(), listed.end()), listed.end());
+  json by_stack = json::object();
+  for (uint64_t id : listed) {
+    auto it = p.spans.find(id);
+    if (it == p.spans.end()) continue;
+    json v = json::array();
+    for (const auto& sp : it->second) v.push_back({sp.alloc_bucket, sp.free_bucket, sp.bytes, sp.count});
+    by_stack[hex(id)] = std::move(v);
+  }
+  a["spans"] = {{"t0_ns", p.span_t0}, {"bucket_ns", p.span_bucket_ns}, {"live_bucket", heap::kSpanLive},
+                {"by_stack", std::move(by_stack)}};
+  return a;
+}
+
 void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) {
   const auto& s = p.s;
   char when[64];
@@ -239,7 +416,22 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
      << s.in_use_blocks << " blocks\n";
   os << "    total heap usage: " << s.allocs << " allocs, " << s.frees << " frees, "
      << s.bytes_allocated << " bytes allocated\n";
-  os << "    peak in use: " << s.peak_in_use_bytes << " bytes\n";
+  os << "    peak in use: " << s.peak_in_use_bytes << " bytes";
+  if (s.peak_ts && p.first_ts)
+    os << " at " << seconds(since_first(p, s.peak_ts)) << " (of " << seconds(traced_seconds(p)) << " traced)";
+  os << "\n";
+  if (s.allocs) {
+    char pct[16];
+    snprintf(pct, sizeof pct, "%.1f%%", 100.0 * s.temporary_allocs / s.allocs);
+    os << "    temporary allocations: " << s.temporary_allocs << " (" << pct << " of allocs), "
+       << rate(per_second(p, s.temporary_allocs)) << "/s; all allocations: " << rate(per_second(p, s.allocs))
+       << "/s\n";
+  }
+  if (s.frees || s.in_use_blocks) {
+    auto lr = lifetime_ranges(p.lifetimes);
+    os << "    lifetimes: " << lr[0] << " blocks freed within 1 us, " << lr[1] << " within 1 ms, " << lr[2]
+       << " within 1 s, " << lr[3] << " later; " << p.lifetimes.live_at_end << " live\n";
+  }
   os << "    failed allocations: " << s.failed_allocs << "\n";
   os << "    mmap: " << s.mmap_bytes_allocator << " bytes mapped by the allocator, "
      << s.mmap_bytes_direct << " bytes mapped directly (now mapped: " << s.mapped_now_allocator
@@ -281,6 +473,7 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
       if (trunc) os << "    ... (stack truncated)\n";
       os << "\n";
     }
+    write_analysis_text(os, m, r, p, o.top);
     if (m.faults_enabled()) write_faults_text(os, m, r, p, o.top);
   }
   os << "DROPPED:";
@@ -335,6 +528,8 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
         {"brk_heap_bytes", s.brk_now > s.brk_start ? s.brk_now - s.brk_start : 0},
         {"unknown_frees", s.unknown_frees},
         {"inherited_blocks", s.inherited_blocks},
+        {"temporary_allocs", s.temporary_allocs},
+        {"peak_ts_ns", s.peak_ts},
     };
     json leaks = json::array();
     if (o.leaks) {
@@ -344,13 +539,15 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
         const auto& g = groups[i];
         bool trunc = false;
         json stack = frames_json(m, r, pid, g.stack_id, &trunc);
-        json jl = {{"bytes", g.bytes}, {"blocks", g.blocks}, {"stack", stack}, {"stack_truncated", trunc}};
+        json jl = {{"bytes", g.bytes}, {"blocks", g.blocks}, {"stack_id", hex(g.stack_id)}, {"stack", stack},
+                   {"stack_truncated", trunc}};
         if (m.faults_enabled()) jl["untouched_blocks"] = g.untouched_blocks;
         leaks.push_back(std::move(jl));
       }
       jp["leak_groups_total"] = groups.size();
     }
     jp["leaks"] = std::move(leaks);
+    if (o.leaks) jp["analysis"] = analysis_json(m, r, p, o.top);
     if (m.faults_enabled()) jp["faults"] = faults_json(m, r, p, o.top);
     procs.push_back(std::move(jp));
   }

@@ -69,6 +69,27 @@ std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, pid
 nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
                            bool* truncated);
 
+// ---- Analyses (issue 19): what heaptrack_print and memray show beside leaks.
+// Stacks of p whose field (&heap::StackAllocs::peak_bytes, ::temporary,
+// ::allocs, ...) is not 0, largest first (ties: by stack id).
+std::vector<std::pair<uint64_t, const heap::StackAllocs*>> stacks_by(const heap::Process& p,
+                                                                      uint64_t heap::StackAllocs::*field);
+// Seconds p was traced (first to last record); 0 with fewer than two.
+double traced_seconds(const heap::Process& p);
+// n per traced second of p (0 when traced_seconds is 0).
+double per_second(const heap::Process& p, uint64_t n);
+// A stack on one line, innermost first: "f (file.c:12) < g (file.c:30) < ...",
+// at most max_frames frames.
+std::string stack_line(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+                       size_t max_frames = 4);
+// The analyses of p (per process JSON "analysis"): temporary, peak, churn with
+// their top stacks, lifetimes, timeline, and the spans of the stacks listed.
+nlohmann::json analysis_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, size_t top);
+// Their text: the PEAK, MOST TEMPORARY ALLOCATIONS and MOST ALLOCATIONS
+// sections, one line per stack (top of each).
+void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
+                         size_t top);
+
 void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit);
 void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                 const Drops& d);

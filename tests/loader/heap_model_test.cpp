@@ -288,8 +288,10 @@ TEST(Analyses, RandomRunAgreesWithADirectComputation) {
   std::map<std::tuple<uint64_t, uint16_t, uint16_t>, std::pair<uint64_t, uint64_t>> got;
   for (const auto& [id, v] : p.spans) {
     for (size_t i = 0; i < v.size(); i++) {
-      if (i) EXPECT_LT(uint32_t(v[i - 1].alloc_bucket) << 16 | v[i - 1].free_bucket,
-                       uint32_t(v[i].alloc_bucket) << 16 | v[i].free_bucket);
+      if (i) {
+        EXPECT_LT(uint32_t(v[i - 1].alloc_bucket) << 16 | v[i - 1].free_bucket,
+                  uint32_t(v[i].alloc_bucket) << 16 | v[i].free_bucket);
+      }
       EXPECT_GT(v[i].count, 0u);
       got[{id, v[i].alloc_bucket, v[i].free_bucket}] = {v[i].bytes, v[i].count};
     }
@@ -301,7 +303,9 @@ TEST(Analyses, RandomRunAgreesWithADirectComputation) {
   EXPECT_GT(p.timeline.size(), memtrace::heap::kTimelinePoints / 4);
   uint64_t tl_max = 0;
   for (size_t i = 0; i < p.timeline.size(); i++) {
-    if (i) EXPECT_LT(p.timeline[i - 1].ts, p.timeline[i].ts);
+    if (i) {
+      EXPECT_LT(p.timeline[i - 1].ts, p.timeline[i].ts);
+    }
     EXPECT_EQ((p.timeline[i].ts - p.first_ts) % p.timeline_step_ns, 0u);
     tl_max = std::max(tl_max, p.timeline[i].in_use_bytes);
   }
