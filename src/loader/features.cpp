@@ -499,6 +499,18 @@ void Features::live(std::ostream& os) {
   if (!n) os << "no live blocks\n";
 }
 
+// Console `diff`: the model now against the last `snapshot`.
+void Features::diff(std::ostream& os) {
+  if (!snapshot_) {
+    os << (c_.json ? "{\"error\":\"no snapshot: type snapshot first\"}\n" : "no snapshot: type snapshot first\n");
+    return;
+  }
+  c_.drain();
+  report::Diff d = report::diff_since(*snapshot_, *c_.model, c_.resolve, c_.top);
+  if (c_.json) os << report::json_text(report::diff_json(d)) << "\n";
+  else report::write_diff_text(os, d);
+}
+
 void Features::command(const std::string& line) {
   std::istringstream ss(line);
   std::string w;
@@ -512,7 +524,9 @@ void Features::command(const std::string& line) {
           "  monitor N: Show the status every N seconds (monitor 0 stops)\n"
           "     report: Show the full report (leaks by stack)\n"
           "       live: List every live block (address, size, age, stack)\n"
-          "      clear: Forget counters and live blocks\n";
+          "      clear: Forget counters and live blocks\n"
+          "   snapshot: Remember the counters by stack now, for diff\n"
+          "       diff: What grew and shrank since the snapshot, by stack\n";
   } else if (w == "status") {
     status(os);
   } else if (w == "report") {
@@ -525,6 +539,12 @@ void Features::command(const std::string& line) {
     for (const auto& [pid, p] : c_.model->processes()) pids.push_back(pid);
     for (pid_t pid : pids) c_.model->clear(pid);
     os << "Clearing list of allocations\n";
+  } else if (w == "snapshot") {
+    c_.drain();
+    snapshot_ = std::make_unique<report::HeapSnapshot>(report::snapshot_heap(*c_.model));
+    os << (c_.json ? "{\"snapshot\":true}\n" : "Snapshot taken: diff shows what changed since\n");
+  } else if (w == "diff") {
+    diff(os);
   } else if (w == "monitor") {
     double s = -1;
     if (!(ss >> s) || s < 0) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "heap/heap_model.h"
+#include "report/diff.h"
 #include "report/outputs.h"
 #include "report/report.h"
 
@@ -102,6 +103,8 @@ class Features {
   FeatureContext c_;
   std::unique_ptr<Recorder> rec_;
   // console
+  void diff(std::ostream& os);
+  std::unique_ptr<report::HeapSnapshot> snapshot_;  // `snapshot`, for `diff`
   std::string inbuf_;
   bool stdin_open_ = true;
   bool tty_ = false;

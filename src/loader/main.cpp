@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "loader/diff_command.h"
 #include "loader/faults.h"
 #include "loader/feature_cli.h"
 #include "loader/tracer.h"
@@ -31,6 +32,7 @@ int run_track(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "track") return run_track(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "replay") return memtrace::loader::run_replay(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "diff") return memtrace::loader::run_diff(argc - 1, argv + 1);
 
   memtrace::loader::Options o;
   CLI::App app{
@@ -41,7 +43,8 @@ int main(int argc, char** argv) {
       "  memtrace-bpf -c COMM [-c COMM]  processes by command name, also ones started later\n"
       "  memtrace-bpf                    system-wide, until Ctrl-C or --duration\n"
       "  memtrace-bpf track ...          byte-granular access capture (memtrace-singlestep)\n"
-      "  memtrace-bpf replay FILE        the report of a --record FILE\n",
+      "  memtrace-bpf replay FILE        the report of a --record FILE\n"
+      "  memtrace-bpf diff A B           what grew and shrank from A to B (recordings or JSON reports)\n",
       "memtrace-bpf"};
   std::vector<int> pids;
   app.add_option("-p,--pid", pids, "Trace this process (repeatable); its children are followed");

@@ -116,4 +116,21 @@ using MoreOutputs = std::vector<std::pair<report::OutputSpec, std::ostream*>>;
 int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& out, std::ostream& err,
                      bool open_files = true, const MoreOutputs& more = {});
 
+// A recording replayed into a heap model, symbolized as replay does: what
+// replay reports and `diff` compares.
+struct Replayed {
+  heap::HeapModel& model;  // not const: replay looks processes up (HeapModel::find)
+  report::Resolver resolve;
+  const report::Drops& drops;
+  const RecordedFile& file;               // records read; error: where reading stopped
+  const nlohmann::json& meta;             // the header's
+  const nlohmann::json& end;              // the end record (null if the recording has none)
+  const std::vector<std::string>& notes;  // binaries changed or missing since the recording
+  uint64_t last_ts;                       // of the last event
+};
+// Reads the recording into a heap model and returns use(it); 2 and one line
+// to err when no header could be read (use is not called).
+int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bool open_files,
+                 const std::function<int(const Replayed&)>& use);
+
 }  // namespace memtrace::loader

@@ -137,8 +137,8 @@ class ReplayResolver {
 
 }  // namespace
 
-int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os, std::ostream& err,
-                     bool open_files, const MoreOutputs& more) {
+int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bool open_files,
+                 const std::function<int(const Replayed&)>& use) {
   symbolize::Options so;
   so.symbol_dirs = o.symbol_dirs;
   so.dwarf = o.dwarf;
@@ -219,7 +219,23 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
     d.stats["events"] = model.event_count();
   }
   d.stats["replay_records"] = rf.records;
+  return use(Replayed{model, res.fn(), d, rf, meta, end, res.notes(), last_ts});
+}
 
+namespace {
+
+// replay's reports (text, JSON, profiles) of a replayed recording.
+int write_reports(const Replayed& r, const ReplayOptions& o, std::ostream& os, std::ostream& err, bool open_files,
+                  const MoreOutputs& more) {
+  // Plain references, not a structured binding: clang 14 (the fuzzer's)
+  // does not let the lambdas below capture those.
+  heap::HeapModel& model = r.model;
+  const report::Resolver& rfn = r.resolve;
+  const report::Drops& d = r.drops;
+  const RecordedFile& rf = r.file;
+  const nlohmann::json &meta = r.meta, &end = r.end;
+  const std::vector<std::string>& notes = r.notes;
+  const uint64_t last_ts = r.last_ts;
   report::Options ro;
   ro.top = o.top;
   ro.at_exit = true;
@@ -228,7 +244,6 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
   lo.max = o.live_max;
   lo.readable = false;
   lo.now_ns = end.is_object() ? end.value("mono_ns", last_ts) : last_ts;
-  auto rfn = res.fn();
   std::vector<std::string> errors;
   if (end.is_object())
     for (const auto& e : end.value("errors", nlohmann::json::array())) errors.push_back(e.get<std::string>());
@@ -241,7 +256,7 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
           for (auto& jp : (*j)["processes"])
             if (auto* p = model.find(jp["pid"].get<pid_t>())) add_live_json(jp, model, rfn, *p, lo);
         (*j)["errors"] = errors;
-        (*j)["notes"] = res.notes();
+        (*j)["notes"] = notes;
         (*j)["replay"] = {{"file", o.file}, {"records", rf.records}, {"complete", rf.error.empty()}};
         if (!rf.error.empty()) {
           (*j)["replay"]["error"] = rf.error;
@@ -257,7 +272,7 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
         for (const auto& [pid, p] : model.processes())
           if (!p->live.empty()) write_live_text(os, model, rfn, *p, lo);
       for (const auto& e : errors) os << "error: " << e << "\n";
-      for (const auto& n : res.notes()) os << "note: " << n << "\n";
+      for (const auto& n : notes) os << "note: " << n << "\n";
       os << "REPLAY: " << o.file << ", " << rf.records << " records";
       if (!rf.error.empty()) os << " (incomplete: stopped at offset " << rf.error_offset << ")";
       os << "\n";
@@ -287,6 +302,14 @@ int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os,
     return 1;
   }
   return code;
+}
+
+}  // namespace
+
+int replay_recording(std::istream& in, const ReplayOptions& o, std::ostream& os, std::ostream& err,
+                     bool open_files, const MoreOutputs& more) {
+  return replay_model(in, o, err, open_files,
+                      [&](const Replayed& r) { return write_reports(r, o, os, err, open_files, more); });
 }
 
 int replay(const ReplayOptions& o) {
