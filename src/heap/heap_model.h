@@ -265,6 +265,7 @@ class HeapModel {
   uint64_t malformed_records() const { return malformed_; }
   uint64_t missing_stacks() const { return missing_stacks_; }
   uint64_t event_count() const { return events_; }
+  size_t stack_count() const { return stacks_.size(); }
   uint64_t faults_before_exec() const { return faults_before_exec_; }
 
  private:

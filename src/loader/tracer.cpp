@@ -328,7 +328,7 @@ void Tracer::set_target_state(pid_t pid, uint32_t state, uint32_t follow) {
 void Tracer::unwind_add(pid_t pid) {
   if (!unwind_) return;
   if (auto r = unwind_->add_process(pid); !r) {
-    if (!process_exists(pid)) {
+    if (!process_exists(pid) || r.error().err == ESRCH) {
       unwind_gone_++;  // exited before its mappings were read: nothing left to unwind
       return;
     }
@@ -674,6 +674,20 @@ report::Drops Tracer::drops() {
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
   d.stats["events"] = model_.event_count();
+  {  // what the heap model holds (the tool's memory on a long system-wide run)
+    uint64_t images = 0, live = 0, stack_entries = 0, maps = 0;
+    for (const heap::Process* p : model_.images()) {
+      images++;
+      live += p->live.size();
+      stack_entries += p->stack_allocs.size();
+      maps += p->maps.size();
+    }
+    d.stats["model_images"] = images;
+    d.stats["model_live_blocks"] = live;
+    d.stats["model_stack_entries"] = stack_entries;
+    d.stats["model_mappings"] = maps;
+    d.stats["model_stacks"] = model_.stack_count();
+  }
   if (o_.faults) d.stats["faults_before_exec"] = model_.faults_before_exec();
   if (traced_seconds_ >= 0) d.stats["launched_traced_us"] = static_cast<uint64_t>(traced_seconds_ * 1e6);
   if (skel_ && unwind_) {

@@ -290,6 +290,7 @@ Result<void> UnwindMaps::add_process(pid_t pid) {
   if (!maps) return maps.error();
   std::vector<Mapping> fresh;
   std::string errors;
+  uint64_t failed_here = 0;
   auto& old = procs_[pid];
   for (auto& m : *maps) {
     if (m.perms.size() < 3 || m.perms[2] != 'x' || m.inode == 0 || m.path.empty() || m.path[0] != '/') continue;
@@ -303,6 +304,7 @@ Result<void> UnwindMaps::add_process(pid_t pid) {
     std::vector<Mapping> one;
     if (auto r = add_mapping(pid, m, &one); !r) {
       failed_++;
+      failed_here++;
       errors += (errors.empty() ? "" : "; ") + r.error().message;
       continue;
     }
@@ -320,7 +322,15 @@ Result<void> UnwindMaps::add_process(pid_t pid) {
   old = std::move(fresh);
   auto r = publish(pid);
   if (!r) return r;
-  if (!errors.empty()) return Error::msg("unwind tables for pid " + std::to_string(pid) + ": " + errors);
+  if (!errors.empty()) {
+    // Exited while its files were opened (a zombie's map_files are gone,
+    // and so are its maps): nothing failed, nothing is left to unwind.
+    if (auto now = procfs::read_maps(pid); !now || now->empty()) {
+      failed_ -= failed_here;
+      return Error::sys("pid " + std::to_string(pid) + " exited", ESRCH);
+    }
+    return Error::msg("unwind tables for pid " + std::to_string(pid) + ": " + errors);
+  }
   return {};
 }
 
