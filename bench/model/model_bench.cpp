@@ -4,10 +4,12 @@
 //
 //   model_bench FILE [RUNS]
 //
-// Prints: records, processes, best CPU ns per record (this thread's CPU time), the model's live blocks and
-// stacks at the end. Lifecycle records (exec, fork, exit) are not applied: the
+// Prints: records, processes, best CPU ns per record (this thread's CPU
+// time), the model's live blocks, stacks, spans and timeline points at the
+// end, the bench's max RSS (the records are in memory too). Lifecycle records (exec, fork, exit) are not applied: the
 // recording should be of one program without forks (W1: PYTHONMALLOC=malloc
 // python3 bench/workloads/w1_json_dicts.py). See bench/model/RESULTS.md.
+#include <sys/resource.h>
 #include <time.h>
 
 #include <cstdio>
@@ -24,6 +26,12 @@ static double cpu_ns() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static long max_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024;
 }
 
 int main(int argc, char** argv) {
@@ -47,7 +55,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   double best = 1e18;
-  size_t procs = 0, live = 0, stacks = 0;
+  size_t procs = 0, live = 0, stacks = 0, spans = 0, points = 0;
   for (int i = 0; i < runs; i++) {
     heap::HeapModel m;
     // CPU time of this thread: the machine is shared, time spent descheduled is not the model's.
@@ -56,13 +64,16 @@ int main(int argc, char** argv) {
     double ns = cpu_ns() - t0;
     best = std::min(best, ns);
     procs = m.images().size();
-    live = stacks = 0;
+    live = stacks = spans = points = 0;
     for (const auto* p : m.images()) {
       live += p->live.size();
       stacks += p->stack_allocs.size();
+      for (const auto& [id, v] : p->spans) spans += v.size();
+      points += p->timeline.size();
     }
   }
-  printf("records %zu processes %zu best %.1f ms CPU, %.1f ns/record; live blocks %zu, stacks %zu\n", recs.size(),
-         procs, best / 1e6, best / recs.size(), live, stacks);
+  printf("records %zu processes %zu best %.1f ms CPU, %.1f ns/record; live blocks %zu, stacks %zu, spans %zu, "
+         "timeline points %zu; max RSS %ld MB\n",
+         recs.size(), procs, best / 1e6, best / recs.size(), live, stacks, spans, points, max_rss_mb());
   return 0;
 }

@@ -14,11 +14,6 @@ unsigned log2_of(uint64_t pow2) { return static_cast<unsigned>(__builtin_ctzll(p
 
 bool started(const Process& p) { return p.timeline_step_ns != 0; }
 
-void start(Process& p, uint64_t ts) {
-  p.first_ts = p.last_ts = p.span_t0 = ts;
-  p.span_bucket_ns = p.timeline_step_ns = kFirstStepNs;
-}
-
 // The span bucket of ts (a time at most last_ts: every record passed on_record).
 uint16_t bucket(const Process& p, uint64_t ts) {
   if (!started(p) || ts <= p.span_t0) return 0;
@@ -69,6 +64,15 @@ void span_add(std::vector<Span>& v, uint16_t a, uint16_t f, int64_t bytes, int64
   it->count += static_cast<uint64_t>(count);
 }
 
+}  // namespace
+
+// The first record of p (at or after its exec).
+void start(Process& p, uint64_t ts) {
+  if (ts < p.exec_ts) return;  // queued before the exec that started this image
+  p.first_ts = p.last_ts = p.span_t0 = ts;
+  p.span_bucket_ns = p.timeline_step_ns = kFirstStepNs;
+}
+
 // Time ran past kSpanBuckets buckets: double the width until last_ts fits,
 // and merge the spans that now share their buckets.
 void widen_spans(Process& p) {
@@ -95,6 +99,8 @@ void widen_spans(Process& p) {
     v.resize(out);
   }
 }
+
+namespace {
 
 void merge_point(TimelinePoint& into, const TimelinePoint& pt) {
   into.in_use_bytes = std::max(into.in_use_bytes, pt.in_use_bytes);
@@ -131,16 +137,6 @@ void lifetime(Process& p, const Block& b, uint64_t ts, int64_t sign) {
 }
 
 }  // namespace
-
-void on_record_slow(Process& p, uint64_t ts) {
-  if (!started(p)) {
-    if (ts < p.exec_ts) return;  // queued before the exec that started this image
-    start(p, ts);
-  }
-  if (ts <= p.last_ts) return;
-  p.last_ts = ts;
-  if (((ts - p.span_t0) >> log2_of(p.span_bucket_ns)) >= kSpanBuckets) widen_spans(p);
-}
 
 void sample_slow(Process& p, uint64_t ts) {
   if (!started(p)) return;

@@ -9,15 +9,20 @@
 
 #include "heap/heap_model.h"
 
+static_assert(memtrace::heap::kSpanBuckets == 128, "on_record divides by 128 with a shift");
+
 namespace memtrace::heap::analyses {
 
-void on_record_slow(Process& p, uint64_t ts);
+void start(Process& p, uint64_t ts);
+void widen_spans(Process& p);
 void sample_slow(Process& p, uint64_t ts);
 
 // Any record of p at ts: starts p's clocks on its first record, moves last_ts.
 inline void on_record(Process& p, uint64_t ts) {
-  if (ts <= p.last_ts && p.timeline_step_ns) return;  // most records: not the latest (same ns) or a little late
-  on_record_slow(p, ts);
+  if (!p.timeline_step_ns) return start(p, ts);
+  if (ts <= p.last_ts) return;  // a record a little out of order
+  p.last_ts = ts;
+  if (((ts - p.span_t0) >> 7) >= p.span_bucket_ns) widen_spans(p);  // past kSpanBuckets (128) buckets
 }
 
 // After p's record at ts was applied: memory over time, live_at_end.

@@ -170,7 +170,12 @@ struct ParkedFree {
   uint64_t prev_last = 0;  // the thread's last allocation before the free (restored if realloc fails)
 };
 
+// Not copyable: its blocks, stacks and lists point into its own maps.
 struct Process {
+  Process() = default;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
   pid_t pid = 0;
   pid_t ppid = 0;
   std::string comm;

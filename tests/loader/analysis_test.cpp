@@ -9,25 +9,17 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <regex>
-#include <sstream>
 
 #include "harness.h"
+#include "slurp.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
 using nlohmann::json;
 
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // What the target printed: "analysis keep=200 temp=1000 ..." and "peak_window A B".
 struct Expected {
