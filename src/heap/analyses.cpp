@@ -43,9 +43,10 @@ uint64_t& last_alloc_of(Process& p, uint32_t tid) {
 uint32_t key(uint16_t alloc_bucket, uint16_t free_bucket) { return uint32_t(alloc_bucket) << 16 | free_bucket; }
 uint32_t key(const Span& s) { return key(s.alloc_bucket, s.free_bucket); }
 
-// Add (bytes, count) (negative: take) to the span (a, f) of v, kept sorted by
-// key; a span whose count reaches 0 is removed.
-void span_add(std::vector<Span>& v, uint16_t a, uint16_t f, int64_t bytes, int64_t count) {
+// Add one block of bytes to the span (a, f) of v, or take it (add false); v
+// is kept sorted by key, a span whose count reaches 0 is removed. Unsigned
+// all through: a recording's sizes are any 64-bit value.
+void span_add(std::vector<Span>& v, uint16_t a, uint16_t f, uint64_t bytes, bool add) {
   uint32_t k = key(a, f);
   // Most changes are to the newest buckets, at the end: look there first.
   auto it = v.end();
@@ -53,15 +54,18 @@ void span_add(std::vector<Span>& v, uint16_t a, uint16_t f, int64_t bytes, int64
   if (it != v.begin() && key(*(it - 1)) >= k)
     it = std::lower_bound(v.begin(), it, k, [](const Span& s, uint32_t k) { return key(s) < k; });
   if (it == v.end() || key(*it) != k) {
-    if (count <= 0) return;  // nothing there to take (cannot happen: every block added its span)
+    if (!add) return;  // nothing there to take (cannot happen: every block added its span)
     it = v.insert(it, Span{a, f, 0, 0});
   }
-  if (count < 0 && it->count <= static_cast<uint64_t>(-count)) {
+  if (add) {
+    it->bytes += bytes;
+    it->count++;
+  } else if (it->count <= 1) {
     v.erase(it);
-    return;
+  } else {
+    it->bytes -= bytes;
+    it->count--;
   }
-  it->bytes += static_cast<uint64_t>(bytes);
-  it->count += static_cast<uint64_t>(count);
 }
 
 }  // namespace
@@ -82,9 +86,9 @@ void widen_spans(Process& p) {
     k++;
   }
   for (auto& [id, v] : p.spans) {
-    for (auto& s : v) {
-      s.alloc_bucket >>= k;
-      if (s.free_bucket != kSpanLive) s.free_bucket >>= k;
+    for (auto& s : v) {  // buckets are below 128: k past 7 leaves 0 (and a shift past 31 is undefined)
+      s.alloc_bucket = k < 16 ? s.alloc_bucket >> k : 0;
+      if (s.free_bucket != kSpanLive) s.free_bucket = k < 16 ? s.free_bucket >> k : 0;
     }
     std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return key(a) < key(b); });
     size_t out = 0;
@@ -129,11 +133,16 @@ void widen_timeline(Process& p) {
   }
 }
 
-void lifetime(Process& p, const Block& b, uint64_t ts, int64_t sign) {
+void lifetime(Process& p, const Block& b, uint64_t ts, bool add) {
   uint64_t age = ts > b.ts ? ts - b.ts : 0;
   unsigned i = age < 2 ? 0 : 63 - static_cast<unsigned>(__builtin_clzll(age));
-  p.lifetimes.freed[i] += static_cast<uint64_t>(sign);
-  p.lifetimes.freed_bytes[i] += static_cast<uint64_t>(sign * static_cast<int64_t>(b.size));
+  if (add) {
+    p.lifetimes.freed[i]++;
+    p.lifetimes.freed_bytes[i] += b.size;
+  } else {
+    p.lifetimes.freed[i]--;
+    p.lifetimes.freed_bytes[i] -= b.size;
+  }
 }
 
 }  // namespace
@@ -153,9 +162,14 @@ void sample_slow(Process& p, uint64_t ts) {
   if (tl.size() > kTimelinePoints) widen_timeline(p);
 }
 
-void stack_live(Process& p, StackAllocs& sa, int64_t bytes, int64_t blocks) {
-  sa.live_bytes += static_cast<uint64_t>(bytes);
-  sa.live_blocks += static_cast<uint64_t>(blocks);
+void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, bool add) {
+  if (add) {
+    sa.live_bytes += bytes;
+    sa.live_blocks++;
+  } else {
+    sa.live_bytes -= bytes;
+    sa.live_blocks--;
+  }
   if (!sa.peak_dirty) {
     sa.peak_dirty = true;
     p.peak_dirty.push_back(&sa);
@@ -164,8 +178,8 @@ void stack_live(Process& p, StackAllocs& sa, int64_t bytes, int64_t blocks) {
 
 void born(Process& p, StackAllocs& sa, uint64_t addr, const Block& b, uint32_t tid) {
   last_alloc_of(p, tid) = addr;
-  stack_live(p, sa, static_cast<int64_t>(b.size), 1);
-  span_add(spans_of(p, sa, b.stack_id), bucket(p, b.ts), kSpanLive, static_cast<int64_t>(b.size), 1);
+  stack_live(p, sa, b.size, true);
+  span_add(spans_of(p, sa, b.stack_id), bucket(p, b.ts), kSpanLive, b.size, true);
 }
 
 void new_peak(Process& p, uint64_t ts) {
@@ -189,13 +203,13 @@ bool temporary_free(Process& p, uint32_t tid, uint64_t addr, uint64_t* prev) {
 }
 
 void died(Process& p, StackAllocs& sa, const Block& b, uint64_t ts, bool temporary, bool known) {
-  stack_live(p, sa, -static_cast<int64_t>(b.size), -1);
+  stack_live(p, sa, b.size, false);
   auto& v = spans_of(p, sa, b.stack_id);
   uint16_t a = bucket(p, b.ts);
-  span_add(v, a, kSpanLive, -static_cast<int64_t>(b.size), -1);
-  span_add(v, a, bucket(p, ts), static_cast<int64_t>(b.size), 1);
+  span_add(v, a, kSpanLive, b.size, false);
+  span_add(v, a, bucket(p, ts), b.size, true);
   if (!known) return;
-  lifetime(p, b, ts, 1);
+  lifetime(p, b, ts, true);
   if (temporary) {
     sa.temporary++;
     p.s.temporary_allocs++;
@@ -204,12 +218,12 @@ void died(Process& p, StackAllocs& sa, const Block& b, uint64_t ts, bool tempora
 
 void revived(Process& p, StackAllocs& sa, const ParkedFree& f, uint32_t tid, uint64_t prev_last) {
   const Block& b = f.block;
-  stack_live(p, sa, static_cast<int64_t>(b.size), 1);
+  stack_live(p, sa, b.size, true);
   auto& v = spans_of(p, sa, b.stack_id);
   uint16_t a = bucket(p, b.ts);
-  span_add(v, a, bucket(p, f.ts), -static_cast<int64_t>(b.size), -1);
-  span_add(v, a, kSpanLive, static_cast<int64_t>(b.size), 1);
-  lifetime(p, b, f.ts, -1);
+  span_add(v, a, bucket(p, f.ts), b.size, false);
+  span_add(v, a, kSpanLive, b.size, true);
+  lifetime(p, b, f.ts, false);
   if (f.temporary) {
     sa.temporary--;
     p.s.temporary_allocs--;
@@ -227,7 +241,7 @@ void inherited(Process& c, uint64_t ts) {
     sa.live_blocks++;
     sa.peak_bytes = sa.live_bytes;
     sa.peak_blocks = sa.live_blocks;
-    span_add(spans_of(c, sa, b.stack_id), bucket(c, b.ts), kSpanLive, static_cast<int64_t>(b.size), 1);
+    span_add(spans_of(c, sa, b.stack_id), bucket(c, b.ts), kSpanLive, b.size, true);
   }
   if (ts) sample(c, ts);
 }

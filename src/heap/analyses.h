@@ -56,8 +56,8 @@ void died(Process& p, StackAllocs& sa, const Block& b, uint64_t ts, bool tempora
 // Undo died() and temporary_free() for a realloc that failed: the block lives.
 void revived(Process& p, StackAllocs& sa, const ParkedFree& f, uint32_t tid, uint64_t prev_last);
 
-// The live bytes of sa change (by +bytes, +blocks or their negatives).
-void stack_live(Process& p, StackAllocs& sa, int64_t bytes, int64_t blocks);
+// A block of bytes joins sa's live blocks (add) or leaves them.
+void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, bool add);
 
 // A fork's child c with the live blocks it inherited (c.live) at ts (its
 // parent's last record): its clocks, stacks and spans start there.

@@ -367,3 +367,66 @@ TEST(Analyses, ClearForgetsEverything) {
   EXPECT_EQ(p.first_ts, T0 + 50);
   EXPECT_EQ(p.s.peak_ts, T0 + 50);
 }
+
+// Records as a corrupt or hostile recording may hold them (any time, any
+// size, frees of unknown blocks, realloc failures, forks, clears): the
+// analyses stay consistent with the model's own counters and bounded.
+TEST(Analyses, AnyRecordsKeepThemConsistentAndBounded) {
+  HeapModel m;
+  std::mt19937_64 rng(7);
+  uint64_t addrs[64];
+  for (auto& a : addrs) a = 0x1000 + (rng() % 4096) * 16;
+  uint64_t ts = 0;
+  for (int i = 0; i < 100000; i++) {
+    uint64_t r = rng();
+    ts = r % 50 == 0 ? rng() : r % 50 == 1 ? ts - rng() % 1000 : ts + rng() % 100000;  // jumps and steps back
+    uint64_t size = rng() % 8 == 0 ? rng() : rng() % 4096;
+    uint32_t tid = 10 + rng() % 3;
+    uint64_t addr = addrs[rng() % 64];
+    switch (rng() % 10) {
+      case 0: case 1: case 2:
+        apply(m, at(MT_EV_ALLOC, ts, addr, size, rng() % 5, tid));
+        break;
+      case 3: case 4: case 5:
+        apply(m, at(MT_EV_FREE, ts, addr, 0, 0, tid));
+        break;
+      case 6:
+        apply(m, at(MT_EV_FREE, ts, addr, 0, 0, tid, MT_ROLE_REALLOC));
+        if (rng() % 2) apply(m, at(MT_EV_ALLOC, ts, addrs[rng() % 64], size, rng() % 5, tid, MT_ROLE_REALLOC, addr));
+        else apply(m, at(MT_EV_REALLOC_FAIL, ts, addr, size, 1, tid, MT_ROLE_REALLOC));
+        break;
+      case 7:
+        apply(m, at(MT_EV_MMAP, ts, addr << 12, size & ~4095ull));
+        break;
+      case 8:
+        if (rng() % 100 == 0) m.clear(10);
+        break;
+      case 9:
+        if (rng() % 1000 == 0) m.on_fork(10, 11 + rng() % 3);
+        break;
+    }
+  }
+  for (const auto* pp : m.images()) {
+    const Process& p = *pp;
+    SCOPED_TRACE("pid " + std::to_string(p.pid));
+    uint64_t live_bytes = 0, live_blocks = 0, span_live = 0, peak = 0;
+    for (const auto& [id, sa] : p.stack_allocs) {
+      live_bytes += sa.live_bytes;
+      live_blocks += sa.live_blocks;
+      peak += sa.peak_bytes;
+    }
+    EXPECT_EQ(live_bytes, p.s.in_use_bytes);  // modulo 2^64, as the model adds sizes
+    EXPECT_EQ(live_blocks, p.s.in_use_blocks);
+    EXPECT_EQ(peak, p.s.peak_in_use_bytes);
+    EXPECT_EQ(p.lifetimes.live_at_end, p.s.in_use_blocks);
+    for (const auto& [id, v] : p.spans)
+      for (size_t i = 0; i < v.size(); i++) {
+        EXPECT_GT(v[i].count, 0u);
+        EXPECT_TRUE(v[i].free_bucket == memtrace::heap::kSpanLive || v[i].free_bucket < memtrace::heap::kSpanBuckets);
+        EXPECT_LT(v[i].alloc_bucket, memtrace::heap::kSpanBuckets);
+        if (v[i].free_bucket == memtrace::heap::kSpanLive) span_live += v[i].count;
+      }
+    EXPECT_EQ(span_live, p.s.in_use_blocks);
+    EXPECT_LE(p.timeline.size(), memtrace::heap::kTimelinePoints);
+  }
+}
