@@ -1,3 +1,4 @@
+#include "common/hex.h"
 #include "loader/faults.h"
 
 #include <fcntl.h>
@@ -26,12 +27,6 @@ uint64_t mono_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-std::string hex(uint64_t v) {
-  char b[32];
-  snprintf(b, sizeof b, "0x%" PRIx64, v);
-  return b;
 }
 
 }  // namespace

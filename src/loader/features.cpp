@@ -1,3 +1,4 @@
+#include "common/hex.h"
 #include "loader/features.h"
 
 #include <poll.h>
@@ -19,12 +20,6 @@
 
 namespace memtrace::loader {
 namespace {
-
-std::string hex(uint64_t v) {
-  char b[32];
-  snprintf(b, sizeof b, "0x%" PRIx64, v);
-  return b;
-}
 
 const char* role_name(uint32_t r) {
   static const char* n[] = {"malloc",         "calloc",        "realloc",  "reallocarray", "free",

@@ -1,3 +1,4 @@
+#include "common/hex.h"
 #include "probes/probe_placement.h"
 
 #include <capstone/capstone.h>
@@ -113,11 +114,6 @@ const char* gpr_name(int f) {
 // System V argument i -> GPR family.
 const int kArgGpr[6] = {7, 6, 2, 1, 8, 9};
 
-std::string hex(uint64_t v) {
-  char b[32];
-  snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
 std::string plus(uint64_t off) { return "+" + hex(off); }
 
 bool has_group(const cs_insn* i, uint8_t g) {

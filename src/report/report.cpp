@@ -1,3 +1,4 @@
+#include "common/hex.h"
 #include "report/report.h"
 
 #include <algorithm>
@@ -9,12 +10,6 @@
 
 namespace memtrace::report {
 namespace {
-
-std::string hex(uint64_t v) {
-  char b[32];
-  snprintf(b, sizeof b, "0x%" PRIx64, v);
-  return b;
-}
 
 std::string describe(const FrameOut& f) {
   std::string s = hex(f.address) + " ";

@@ -1,3 +1,4 @@
+#include "common/hex.h"
 #include "report.h"
 
 #include <algorithm>
@@ -7,12 +8,6 @@
 
 namespace memtrace::singlestep {
 namespace {
-
-std::string hex(uint64_t v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
 
 struct IpKey {
   uint64_t ip, address;
