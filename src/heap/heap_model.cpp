@@ -31,9 +31,15 @@ Process* HeapModel::find(pid_t pid) {
   return it == procs_.end() ? nullptr : it->second.get();
 }
 
+const Process* HeapModel::find(pid_t pid) const {
+  auto it = procs_.find(pid);
+  return it == procs_.end() ? nullptr : it->second.get();
+}
+
 const Stack* HeapModel::stack(uint64_t id) const {
-  auto it = stacks_.find(id);
-  return it == stacks_.end() ? nullptr : &it->second;
+  for (const auto* m : {&stacks_, &sealed_, &graveyard_})
+    if (auto it = m->find(id); it != m->end()) return &it->second;
+  return nullptr;
 }
 
 void HeapModel::apply(const void* data, size_t len) {
@@ -64,7 +70,15 @@ void HeapModel::apply(const void* data, size_t len) {
   }
   const auto& e = *static_cast<const mt_event*>(data);
   Process& p = process(e.h.pid);
-  if (e.stack_id && !stacks_.count(e.stack_id)) missing_stacks_++;
+  if (e.stack_id && !stacks_.count(e.stack_id)) {
+    // Dropped by collect_stacks while this record was queued: back it comes.
+    if (auto g = graveyard_.find(e.stack_id); g != graveyard_.end()) {
+      stacks_.insert(std::move(*g));
+      graveyard_.erase(g);
+    } else {
+      missing_stacks_++;
+    }
+  }
   analyses::on_record(p, e.h.ts);
   switch (e.h.kind) {
     case MT_EV_ALLOC:
@@ -249,7 +263,7 @@ static bool own_activity(const Process& p) {
 
 Process& HeapModel::fresh(pid_t pid) {
   auto& slot = procs_[pid];
-  if (slot && own_activity(*slot)) ended_.push_back(std::move(slot));
+  if (slot && own_activity(*slot)) ended(std::move(slot));
   slot = std::make_unique<Process>();
   slot->pid = pid;
   slot->live.reserve(1024);
@@ -259,8 +273,9 @@ Process& HeapModel::fresh(pid_t pid) {
 
 std::vector<const Process*> HeapModel::images() const {
   std::vector<const Process*> v;
-  v.reserve(procs_.size() + ended_.size());
+  v.reserve(procs_.size() + ended_.size() + groups_.size());
   for (const auto& p : ended_) v.push_back(p.get());
+  for (const auto& [comm, g] : groups_) v.push_back(g.get());
   for (const auto& [pid, p] : procs_) v.push_back(p.get());
   // ended_ is in the order images ended: by pid, then that order, then the current one.
   std::stable_sort(v.begin(), v.end(), [](const Process* a, const Process* b) { return a->pid < b->pid; });
@@ -315,7 +330,7 @@ void HeapModel::end_image(pid_t pid) {
   auto it = procs_.find(pid);
   if (it == procs_.end()) return;
   it->second->ended_by_exec = true;
-  if (own_activity(*it->second)) ended_.push_back(std::move(it->second));
+  if (own_activity(*it->second)) ended(std::move(it->second));
   procs_.erase(it);
   last_ = nullptr;
 }

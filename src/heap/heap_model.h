@@ -31,6 +31,14 @@ struct Block {
   StackAllocs* stack = nullptr;
 };
 
+// A frame of a sealed stack: an offset in a file. Module ids are the
+// loader's (its symbolizer numbers the files it opened); 0 is never one.
+struct Loc {
+  uint32_t module = 0;
+  uint64_t offset = 0;
+  bool operator==(const Loc& o) const { return module == o.module && offset == o.offset; }
+};
+
 struct Mapping {
   uint64_t len = 0;
   uint64_t stack_id = 0;
@@ -111,6 +119,9 @@ struct StackAllocs {
   // Summary::peak_ts of Summary::peak_in_use_bytes): over all stacks they sum
   // to peak_in_use_bytes. Exact after every record.
   uint64_t peak_bytes = 0, peak_blocks = 0;
+  // Sealed images only (their blocks are dropped): live blocks of this stack
+  // no page fault landed in (--faults), for the leak groups.
+  uint64_t untouched_blocks = 0;
   // The model's own: live_* changed since the peak (peak_* to be updated at
   // the next new peak); Process::spans[this stack] (saves a lookup per event).
   bool peak_dirty = false;
@@ -222,15 +233,42 @@ struct Process {
   bool ended_by_exec = false;  // an earlier image of pid: it exec'd (its blocks died with it)
   bool from_fork = false;      // started by a fork the model saw: inherited the parent's blocks
   bool prelude = false;        // the tool's own code before the program (launch): never an image
+
+  // ---- Ended images (HeapModel::set_locator): sealed when they end.
+  // Sealed: its stack ids are sealed stacks (address-free, shared by every
+  // image of the same program), its per-block, per-thread and mapping state
+  // is gone (counters, stacks, lifetimes, timeline and spans stay).
+  bool sealed = false;
+  // Sealed: load bias of each module in this image (address = bias + offset),
+  // sorted by module id; a merged entry keeps its first member's.
+  std::vector<std::pair<uint32_t, uint64_t>> bias;
+  // A merged entry: ended images of one command name folded together
+  // (HeapModel::set_image_cap); merged counts them, merged_pids holds the first few.
+  uint64_t merged = 0;
+  std::vector<pid_t> merged_pids;
 };
+
+// Address in image p of a sealed stack's frame (bias + offset; the offset
+// itself when p does not know the module).
+uint64_t address_of(const Process& p, const Loc& l);
 
 // Whether a process (image) did anything the reports show.
 bool active(const Process& p);
 
 struct Stack {
-  std::vector<uint64_t> ips;
+  std::vector<uint64_t> ips;  // raw (from BPF): addresses in the process, innermost first
+  std::vector<Loc> locs;      // sealed: where in which file, innermost first
   bool truncated = false;
+  bool sealed = false;
 };
+
+// Where an address of an image lies: its location, and the load bias of its
+// module in that image (address - offset).
+struct Located {
+  Loc loc;
+  uint64_t bias = 0;
+};
+using Locator = std::function<Located(const Process& p, uint64_t ip)>;
 
 class HeapModel {
  public:
@@ -240,6 +278,7 @@ class HeapModel {
 
   Process& process(pid_t pid);
   Process* find(pid_t pid);
+  const Process* find(pid_t pid) const;
   // The current image of each pid.
   const std::map<pid_t, std::unique_ptr<Process>>& processes() const { return procs_; }
   // Every image, by pid, then in exec order: the ones that exec'd (each with
@@ -267,6 +306,28 @@ class HeapModel {
   // The block or mapping containing addr (no counting).
   FaultHit attribute(Process& p, uint64_t addr, uint64_t ts = 0);
 
+  // ---- Ended images: the model's memory grows with live blocks and distinct
+  // call paths, not with the processes that came and went.
+  // With a locator, every image is sealed when it ends (exec, retire, pid
+  // reuse): its stacks become sealed stacks (frames as module + offset, one
+  // copy for every image of a program), its blocks are dropped (kept when
+  // keep_blocks: --live lists every block) once their counts per stack are in.
+  void set_locator(Locator l, bool keep_blocks = false);
+  // At most n ended images are kept one by one (0: no cap); past it, the
+  // oldest image of the command name with the most ended images is merged
+  // into that name's merged entry (sums; the largest member's peak).
+  void set_image_cap(size_t n) { image_cap_ = n; }
+  // pid exited and every record of it was applied: its image ends now (kept
+  // for the reports if it did anything, or keep_idle).
+  void retire(pid_t pid, bool keep_idle);
+  // Raw stacks that no unsealed image refers to are dropped: their ids are
+  // returned, for the loader to make BPF send them again when they recur.
+  // A dropped stack stays reachable until the next call (records queued
+  // before BPF forgot it may still name it).
+  std::vector<uint64_t> collect_stacks();
+  size_t sealed_stack_count() const { return sealed_.size(); }
+  size_t merged_images() const { return merged_total_; }
+
   uint64_t malformed_records() const { return malformed_; }
   uint64_t missing_stacks() const { return missing_stacks_; }
   uint64_t event_count() const { return events_; }
@@ -284,9 +345,21 @@ class HeapModel {
   void forget_pages(Process& p, uint64_t addr, uint64_t len);
 
   Process& fresh(pid_t pid);  // a new current image for pid; the old one is kept if it did anything
+  void ended(std::unique_ptr<Process> p);  // p ended: sealed, kept, merged past the cap
+  void seal(Process& p);
+  uint64_t intern(Stack&& s);
+  void merge_into(Process& group, Process& img);
   std::map<pid_t, std::unique_ptr<Process>> procs_;
   std::vector<std::unique_ptr<Process>> ended_;  // images that exec'd, or a reused pid's exited process
-  std::unordered_map<uint64_t, Stack> stacks_;
+  std::unordered_map<uint64_t, Stack> stacks_;   // raw, by BPF's id
+  std::unordered_map<uint64_t, Stack> sealed_;   // sealed, by their own id (top bit set)
+  std::unordered_map<uint64_t, Stack> graveyard_;  // dropped by the last collect_stacks
+  Locator locator_;
+  bool keep_blocks_ = false;
+  size_t image_cap_ = 0;
+  size_t individual_ended_ = 0;  // sealed ended images not merged
+  size_t merged_total_ = 0;
+  std::map<std::string, std::unique_ptr<Process>> groups_;  // merged entries by comm
   Process* last_ = nullptr;
   uint64_t malformed_ = 0, missing_stacks_ = 0, events_ = 0;
   bool faults_ = false;

@@ -93,8 +93,8 @@ void FaultTrace::header() {
   os.flush();
 }
 
-std::string FaultTrace::function_at(pid_t pid, uint64_t addr, bool return_address) {
-  auto fs = r_.resolve(pid, addr, return_address);
+std::string FaultTrace::function_at(const heap::Process& p, uint64_t addr, bool return_address) {
+  auto fs = r_.resolve(p, addr, nullptr, return_address);
   if (fs.empty() || fs[0].function.empty()) return "";
   std::string s = fs[0].function;
   if (!fs[0].inlined && fs[0].offset) s += "+" + hex(fs[0].offset);
@@ -105,12 +105,12 @@ void FaultTrace::line(const heap::Process& p, const mt_event& e, const heap::Fau
   std::ostream& os = out_();
   const char* rw = (e.h.flags & MT_F_FAULT_INSTR) ? "X" : (e.h.flags & MT_F_FAULT_WRITE) ? "W" : "R";
   uint64_t ip = e.old_addr;
-  std::string fn = function_at(p.pid, ip, false);
+  std::string fn = function_at(p, ip, false);
   // What was hit: the block and the function that allocated it.
   std::string alloc_fn;
   if (h.stack_id)
     if (const heap::Stack* st = m_.stack(h.stack_id); st && !st->ips.empty())
-      alloc_fn = function_at(p.pid, st->ips[0], true);
+      alloc_fn = function_at(p, st->ips[0], true);
   char ts[32];
   snprintf(ts, sizeof ts, "%" PRIu64 ".%06" PRIu64, static_cast<uint64_t>(e.h.ts / 1000000000ull),
            static_cast<uint64_t>((e.h.ts % 1000000000ull) / 1000));

@@ -57,7 +57,7 @@ class FaultTrace {
   void line(const heap::Process& p, const mt_event& e, const heap::FaultHit& h);
 
  private:
-  std::string function_at(pid_t pid, uint64_t addr, bool return_address);
+  std::string function_at(const heap::Process& p, uint64_t addr, bool return_address);
   std::function<std::ostream&()> out_;
   bool json_;
   Resolver& r_;

@@ -10,6 +10,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -166,7 +167,7 @@ void write_live_text(std::ostream& os, const heap::HeapModel& m, const report::R
     if (shown >= o.max) break;
     os << "  " << g.bytes << " bytes in " << g.blocks.size() << " blocks from stack " << hex(g.stack_id) << "\n";
     bool trunc = false;
-    auto frames = report::frames_json(m, r, p.pid, g.stack_id, &trunc);
+    auto frames = report::frames_json(m, r, p, g.stack_id, &trunc);
     if (frames.empty()) os << "      (no stack)\n";
     for (const auto& f : frames) os << "      " << frame_text(f) << "\n";
     if (trunc) os << "      ... (stack truncated)\n";
@@ -200,7 +201,7 @@ void add_live_json(nlohmann::json& jp, const heap::HeapModel& m, const report::R
   for (const auto& g : live_groups(p)) {
     if (shown >= o.max) break;
     bool trunc = false;
-    auto frames = report::frames_json(m, r, p.pid, g.stack_id, &trunc);
+    auto frames = report::frames_json(m, r, p, g.stack_id, &trunc);
     for (const auto& lb : g.blocks) {
       if (shown >= o.max) break;
       shown++;
@@ -328,7 +329,7 @@ void Features::trace_line(const mt_event& e) {
   bool internal = e.h.flags & MT_F_ALLOCATOR_INTERNAL;
   nlohmann::json caller;
   if (const heap::Stack* st = e.stack_id ? m.stack(e.stack_id) : nullptr; st && !st->ips.empty()) {
-    auto fs = c_.resolve(e.h.pid, st->ips[0], true);
+    auto fs = c_.resolve(p, st->ips[0], nullptr, true);
     if (!fs.empty()) {
       const auto& f = fs[0];
       caller = {{"address", hex(f.address)}, {"function", f.function}, {"offset", f.offset}, {"module", f.module}};
@@ -581,9 +582,12 @@ void Features::finish(const report::Drops& d, const std::vector<std::string>& er
 void Features::add_json(nlohmann::json& j) {
   if (o_.live || o_.dump_bytes) {
     auto lo = live_options();
+    std::map<std::pair<pid_t, uint32_t>, const heap::Process*> image;  // the JSON has one entry per image
+    for (const heap::Process* p : c_.model->images())
+      if (!p->merged) image[{p->pid, p->image}] = p;
     for (auto& jp : j["processes"]) {
-      heap::Process* p = c_.model->find(jp["pid"].get<pid_t>());
-      if (p) add_live_json(jp, *c_.model, c_.resolve, *p, lo);
+      auto it = image.find({jp["pid"].get<pid_t>(), jp.value("exec_index", 0u)});
+      if (it != image.end()) add_live_json(jp, *c_.model, c_.resolve, *it->second, lo);
     }
   }
   if (o_.trace) j["trace"] = {{"lines", trace_lines_}, {"write_errors", trace_write_errors_}};
@@ -596,7 +600,7 @@ void Features::add_json(nlohmann::json& j) {
 void Features::write_text(std::ostream& os) {
   if (o_.live || o_.dump_bytes) {
     auto lo = live_options();
-    for (const auto& [pid, p] : c_.model->processes())
+    for (const heap::Process* p : c_.model->images())
       if (!p->live.empty()) write_live_text(os, *c_.model, c_.resolve, *p, lo);
   }
   if (o_.trace) os << "TRACE: " << trace_lines_ << " lines, " << trace_write_errors_ << " write errors\n";

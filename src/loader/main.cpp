@@ -72,6 +72,10 @@ int main(int argc, char** argv) {
   app.add_option("--unwind-mb", o.unwind_mb,
                  "Cap on the unwind tables in the kernel, MiB (default 512); files past it unwind by frame pointers")
       ->check(CLI::Range(size_t(1), size_t(1) << 20));
+  app.add_option("--max-images", o.max_images,
+                 "Ended processes (exec'd or exited images) reported one by one (default 256, 0: no limit); "
+                 "past it, the oldest of the command name with the most are merged into one entry per command "
+                 "name, which bounds the tool's memory on a host that starts many processes");
   app.add_option("--symbols", o.symbol_dirs,
                  "Directory with debug files (matched by build-id), searched first (repeatable)");
   bool no_dwarf = false;

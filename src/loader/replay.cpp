@@ -47,8 +47,7 @@ class ReplayResolver {
     std::string path = m.value("path", "");
     uint64_t start = m.value("start", 0ull), end = m.value("end", 0ull), off = m.value("offset", 0ull);
     if (!added_[pid].insert({start, end, off, path}).second) return;
-    auto& as = spaces_[pid];
-    if (!as) as = std::make_shared<symbolize::AddressSpace>();
+    SpaceNode& n = node(pid);
     if (path.empty() || path[0] != '/') return;  // anonymous code: left unknown
     symbolize::MappingInfo mi;
     mi.start = start;
@@ -58,15 +57,22 @@ class ReplayResolver {
     mi.inode = m.value("inode", 0ull);
     mi.perms = m.value("perms", "");
     mi.path = path;
-    sym_.add_mapping(*as, mi, locate(path, m.value("build_id", ""), mi.dev, mi.inode));
+    sym_.add_mapping(n.as, mi, locate(path, m.value("build_id", ""), mi.dev, mi.inode));
   }
-  void inherit(pid_t parent, pid_t child) { parent_[child] = parent; }
+  // The child's addresses not in its own recorded mappings are its parent's.
+  void inherit(pid_t parent, pid_t child) {
+    node(parent);
+    node(child).parent = spaces_[parent];
+  }
 
-  std::vector<report::FrameOut> resolve(pid_t pid, uint64_t addr, bool ret) {
-    return resolve_frames(sym_, spaces_, parent_, pid, addr, ret, "process mappings not in the recording");
+  std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc, bool ret) {
+    if (loc) return location_frames(sym_, *loc, addr, ret);  // replay seals nothing: not reached
+    auto it = spaces_.find(p.pid);
+    return resolve_frames(sym_, it == spaces_.end() ? nullptr : it->second.get(), addr, ret,
+                          "process mappings not in the recording");
   }
   report::Resolver fn() {
-    return [this](pid_t p, uint64_t a, bool r) { return resolve(p, a, r); };
+    return [this](const heap::Process& p, uint64_t a, const heap::Loc* l, bool r) { return resolve(p, a, l, r); };
   }
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -128,9 +134,14 @@ class ReplayResolver {
   std::vector<std::string> dirs_;
   bool open_files_;
   bool debuginfod_;
+  SpaceNode& node(pid_t pid) {
+    auto& n = spaces_[pid];
+    if (!n) n = std::make_shared<SpaceNode>();
+    return *n;
+  }
+
   AddressSpaces spaces_;
   std::map<pid_t, std::set<std::tuple<uint64_t, uint64_t, uint64_t, std::string>>> added_;
-  std::map<pid_t, pid_t> parent_;
   std::map<std::string, std::string> located_;
   std::vector<std::string> notes_;
 };

@@ -1,49 +1,82 @@
 // Glue between the loader's processes and src/symbolize: captures each
-// traced process's mappings while it lives and turns stack addresses into
-// report frames.
+// traced process's mappings while it lives (one address space per image:
+// an exec starts a new one), seals the stacks of images that ended into
+// locations, and turns stack frames into report frames.
 #pragma once
 #include <sys/types.h>
 
 #include <map>
 #include <memory>
 #include <set>
+#include <vector>
 
+#include "heap/heap_model.h"
 #include "report/report.h"
 #include "symbolize/symbolize.h"
 
 namespace memtrace::loader {
 
-using AddressSpaces = std::map<pid_t, std::shared_ptr<symbolize::AddressSpace>>;
+// One image's mappings, and the parent's at the fork that made the process
+// (addresses of blocks a child inherited may be in mappings only the parent
+// had by the time the child was read).
+struct SpaceNode {
+  symbolize::AddressSpace as;
+  std::shared_ptr<const SpaceNode> parent;
+};
+using AddressSpaces = std::map<pid_t, std::shared_ptr<SpaceNode>>;
 
-// Frames for addr in pid's address space; a forked child's address not in
-// its own mappings (or a child never captured) is looked up in its parent's
-// (parents: child -> parent). missing: the reason when no space is known.
-std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const AddressSpaces& spaces,
-                                             const std::map<pid_t, pid_t>& parents, pid_t pid, uint64_t addr,
+// Frames for addr in node's address space, else its ancestors' (a forked
+// child's address not in its own mappings). missing: the reason when no
+// space is known (node null).
+std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr,
                                              bool return_address, const char* missing);
+// Frames of a sealed stack's location (addr: where it was, for show).
+std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
+                                              bool return_address);
 
 class Resolver {
  public:
   explicit Resolver(symbolize::Options opts) : sym_(std::move(opts)) {}
-  // Capture (or extend) pid's mappings now, while it lives.
-  void capture(pid_t pid);
-  // Share the parent's address space view with a child (fork).
-  void inherit(pid_t parent, pid_t child);
-  // pid exec'd: capture its new image's mappings now.
-  void exec(pid_t pid);
-  std::vector<report::FrameOut> resolve(pid_t pid, uint64_t addr, bool return_address);
+  // Capture (or extend) pid's current image's mappings now, while it lives.
+  // maps: read already by the caller (one read per event); else read here.
+  void capture(pid_t pid, const std::vector<procfs::Mapping>* maps = nullptr);
+  // A child starts with its parent's mappings (captured now).
+  void inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapping>* maps = nullptr);
+  // pid exec'd (exec_id: the exec's id, as heap::Process::exec_ts): a new
+  // image, a new address space, captured now.
+  void exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps = nullptr);
+  // pid is gone and every image of it is sealed: its spaces go (a child's
+  // link to them stays while the child needs it).
+  void forget(pid_t pid);
+  // For the heap model's sealing (HeapModel::set_locator).
+  heap::Located locate(const heap::Process& p, uint64_t ip);
+  std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,
+                                        bool return_address);
   // The final report: debuginfod may be asked from now on (symbolize.h).
   void allow_debuginfod() { sym_.allow_debuginfod(); }
   report::Resolver fn() {
-    return [this](pid_t p, uint64_t a, bool r) { return resolve(p, a, r); };
+    return [this](const heap::Process& p, uint64_t a, const heap::Loc* l, bool r) { return resolve(p, a, l, r); };
   }
+  heap::Locator locator() {
+    return [this](const heap::Process& p, uint64_t ip) { return locate(p, ip); };
+  }
+  size_t spaces() const { return images_.size(); }
 
  private:
+  struct Image {
+    uint64_t exec_id = 0;  // 0: the image running when first seen (or a fork's)
+    std::shared_ptr<SpaceNode> node;
+  };
+  // pid's image p lives in (by exec id; else the newest older one; else its first).
+  const SpaceNode* node_of(const heap::Process& p) const;
+  SpaceNode& current(pid_t pid);
+  void read(SpaceNode& n, pid_t pid, const std::vector<procfs::Mapping>* maps, bool first_of_image);
+
   symbolize::Symbolizer sym_;
-  AddressSpaces spaces_;
-  std::map<pid_t, pid_t> parent_;
+  std::map<pid_t, std::vector<Image>> images_;  // by pid, in exec order
   std::set<pid_t> never_captured_;
   std::set<pid_t> incomplete_;
+  std::set<pid_t> forked_;  // children read at their fork (their parent's mappings are theirs)
 
  public:
   // Processes that exited before their mappings could be read (system-wide

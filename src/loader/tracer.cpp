@@ -366,6 +366,32 @@ void Tracer::forget_stopped(pid_t pid) {
   if (skel_) bpf_map_delete_elem(bpf_map__fd(skel_->maps.stopped), &key);
 }
 
+void Tracer::process_gone(pid_t pid, int exit_code) {
+  // Its records queued before the exit first: the image is complete after them.
+  drain_events();
+  model_.on_exit(pid, exit_code);
+  // The launched program stays current: its waitpid status is the report's.
+  if (launcher_ && pid == launcher_->pid()) return;
+  model_.retire(pid, !system_wide_);
+  resolver_.forget(pid);
+}
+
+void Tracer::collect_stacks() {
+  auto dropped = model_.collect_stacks();
+  stacks_collected_ += dropped.size();
+  stacks_gc_at_ = std::max(stacks_gc_at_, 2 * model_.stack_count());
+  if (dropped.empty() || !skel_) return;
+  // BPF sends a stack once (stacks_seen, and a per-CPU cache of recent ids):
+  // forget these there, so that a stack seen again is sent again.
+  int seen = bpf_map__fd(skel_->maps.stacks_seen);
+  for (uint64_t id : dropped) bpf_map_delete_elem(seen, &id);
+  int cache = bpf_map__fd(skel_->maps.stacks_sent_cache);
+  int ncpu = libbpf_num_possible_cpus();
+  std::vector<uint64_t> zero(ncpu > 0 ? ncpu : 1, 0);
+  uint32_t n = bpf_map__max_entries(skel_->maps.stacks_sent_cache);
+  for (uint32_t k = 0; k < n; k++) bpf_map_update_elem(cache, &k, zero.data(), BPF_ANY);
+}
+
 // Find pid's allocator and attach its probes. required: a failure is an
 // error for the user (-p); otherwise it is counted (a process started later).
 Result<void> Tracer::attach_process(pid_t pid, bool required) {
@@ -436,14 +462,14 @@ void Tracer::attach_more_allocators(pid_t pid) {
 // System-wide: a record of pid's at `ts` (an exec, a new executable
 // mapping) asks for its mappings; a read begun after ts has them already
 // (ld.so maps a program's libraries in a burst: one read for the burst).
-void Tracer::read_process_once(pid_t pid, uint64_t ts, bool exec) {
+void Tracer::read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id) {
   auto it = last_read_ns_.find(pid);
   if (it != last_read_ns_.end() && it->second > ts) return;
   last_read_ns_[pid] = monotonic_ns();  // features.h: bpf_ktime_get_ns's clock
-  scan_system_allocators(pid, exec);
+  scan_system_allocators(pid, exec_id);
 }
 
-void Tracer::scan_system_allocators(pid_t only, bool exec) {
+void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
   if (self_exe_.second == 0) {
     struct stat st {};
     if (stat("/proc/self/exe", &st) == 0) self_exe_ = {static_cast<uint64_t>(st.st_dev), st.st_ino};
@@ -455,13 +481,14 @@ void Tracer::scan_system_allocators(pid_t only, bool exec) {
     if (!maps) {
       // Gone before this read (an exec or a new library of a short process):
       // the resolver counts it (mappings_not_captured / _incomplete).
-      if (only > 0) exec ? resolver_.exec(pid) : resolver_.capture(pid);
+      if (only > 0) exec_id ? resolver_.exec(pid, exec_id) : resolver_.capture(pid);
       continue;
     }
     if (only <= 0)
       if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
-    if (exec) resolver_.exec(pid);  // mappings for symbolization, while it lives
-    else resolver_.capture(pid);
+    // Mappings for symbolization, while it lives (the read above: one per event).
+    if (exec_id) resolver_.exec(pid, exec_id, &*maps);
+    else resolver_.capture(pid, &*maps);
     unwind_add(pid);
     MapEntry where;
     auto obj = attacher_->find_allocator(pid, *maps, &where);
@@ -568,7 +595,8 @@ int Tracer::on_proc_event(void* data, size_t len) {
       // System-wide: the new image's mappings first, while it lives (the
       // events ring's backlog can take long to drain: a short process was
       // gone after it).
-      if (system_wide_) read_process_once(pid, e.h.ts, true);
+      if (system_wide_) read_process_once(pid, e.h.ts, e.addr ? e.addr : e.h.ts);
+      else resolver_.exec(pid, e.addr ? e.addr : e.h.ts);  // its own address space (the old one's stacks seal with theirs)
       // The old image's last events, then the events stream's own MT_EV_EXEC
       // (exact order); on_exec here only if that record was lost.
       drain_events();
@@ -594,7 +622,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       // System-wide (not stopped): read the new mapping now, while the
       // process lives; attach to a new allocator.
       if (system_wide_) {
-        read_process_once(pid, e.h.ts, false);
+        read_process_once(pid, e.h.ts, 0);
         break;
       }
       // Stopped: the new code's mapping and tables are in before it runs.
@@ -637,7 +665,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       }
       if (unwind_) unwind_->remove_process(pid);
       last_read_ns_.erase(pid);
-      if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) model_.on_exit(pid, e.exit_code);
+      if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) process_gone(pid, e.exit_code);
       forget_stopped(pid);
       break;
     }
@@ -662,7 +690,7 @@ report::Drops Tracer::drops() {
     (counter_is_loss(c) ? d.dropped : d.stats)[counter_name(c)] = sum;
   }
   uint64_t unknown = 0;
-  for (const auto& [pid, p] : model_.processes()) unknown += p->s.unknown_frees;
+  for (const heap::Process* p : model_.images()) unknown += p->s.unknown_frees;
   // Frees of blocks never seen allocated: blocks from before the attach (-p),
   // or glibc's own (a thread's tcache is allocated inside malloc and
   // released through free at thread exit). Not a loss: a lost allocation
@@ -710,6 +738,10 @@ report::Drops Tracer::drops() {
       if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.unwind_counters), &c, vals.data()) == 0)
         for (auto v : vals) sum += v;
       d.stats["unwind_debug_" + std::to_string(c - MT_UC_COUNT)] = sum;
+    d.stats["model_sealed_stacks"] = model_.sealed_stack_count();
+    d.stats["model_merged_images"] = model_.merged_images();
+    d.stats["model_stacks_collected"] = stacks_collected_;
+    d.stats["resolver_processes"] = resolver_.spaces();
     }
     auto us = unwind_->stats();
     d.stats["unwind_table_bytes"] = us.map_bytes;
@@ -1077,6 +1109,10 @@ int Tracer::run() {
     if (o_.faults) ring_buffer__consume(rb_events_);
     if (n < 0 && n != -EINTR) {
       errors_.push_back(std::string("ring buffer poll: ") + strerror(-n));
+  // Images that end are sealed, and merged past --max-images (heap_model.h):
+  // the model's memory follows live blocks and call paths, not processes.
+  model_.set_locator(resolver_.locator(), o_.features.live || o_.features.dump_bytes);
+  model_.set_image_cap(o_.max_images);
       break;
     }
     auto now = std::chrono::steady_clock::now();
@@ -1121,3 +1157,4 @@ int Tracer::run() {
 }
 
 }  // namespace memtrace::loader
+    if (model_.stack_count() >= stacks_gc_at_) collect_stacks();

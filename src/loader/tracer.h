@@ -53,6 +53,7 @@ struct Options {
   int drain_nice = -10;              // system-wide: the drain thread's nice value (MEMTRACE_DRAIN_NICE)
   size_t unwind_mb = 512;  // cap on the unwind tables in the kernel
   std::vector<std::string> symbol_dirs;
+  size_t max_images = 256;  // ended images kept one by one (--max-images; heap_model.h set_image_cap)
   bool dwarf = true;
   bool explain_probes = false;
   bool verbose = false;
@@ -97,8 +98,13 @@ class Tracer {
   void set_target_state(pid_t pid, uint32_t state, uint32_t follow);
   void resume(pid_t pid);
   uint32_t image_of(pid_t pid);
-  void scan_system_allocators(pid_t only = -1, bool exec = false);
-  void read_process_once(pid_t pid, uint64_t ts, bool exec);  // system-wide exec / new code
+  void scan_system_allocators(pid_t only = -1, uint64_t exec_id = 0);
+  // System-wide exec (exec_id: the exec's id, heap::Process::exec_ts) or new code (0).
+  void read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id);
+  // Every so often: raw stacks of ended images dropped, and BPF told to send them again.
+  void collect_stacks();
+  // pid exited: its last records applied, its image sealed, its mappings forgotten.
+  void process_gone(pid_t pid, int exit_code);
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   void report_final(int exit_code);
   report::Drops drops();
@@ -133,6 +139,8 @@ class Tracer {
   std::map<pid_t, Proc> procs_;
   std::map<std::pair<uint64_t, uint64_t>, ProbeSet> system_probes_;  // system-wide mode
   std::pair<uint64_t, uint64_t> self_exe_{0, 0};  // (dev, inode) of our own binary: never probed system-wide
+  size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks
+  uint64_t stacks_collected_ = 0;          // dropped by collect_stacks() in all
   std::set<pid_t> stopped_;  // processes BPF stopped that we must resume
   std::optional<Guardian> guardian_;  // resumes them if this process dies first (run() only)
   void forget_stopped(pid_t pid);     // and the BPF map's entry for it

@@ -245,7 +245,7 @@ DiffSide diff_side(const heap::HeapModel& m, const Resolver& r, DiffMatch match,
     add(g.t, totals_of(*p));
     for (const StackCounts& sc : stack_counts(*p)) {
       bool trunc = false;
-      auto frames = frames_of(m, r, p->pid, sc.stack_id, &trunc);
+      auto frames = frames_of(m, r, *p, sc.stack_id, &trunc);
       auto [it, fresh] = g.stacks.try_emplace(stack_key(frames, match));
       if (fresh) {
         it->second.frames = std::move(frames);
@@ -396,8 +396,11 @@ Diff diff_since(const HeapSnapshot& s, const heap::HeapModel& m, const Resolver&
     sort_rows(rows, g, top, &kept);
     // Symbolized once shown (the console runs on the drain thread).
     size_t i = 0;
+    heap::Process gone;  // a process that ended since the snapshot: its stacks as far as they are still known
+    gone.pid = k.first;
+    const heap::Process* cur = m.find(k.first);
     for (auto* sec : {&g.grew, &g.shrank, &g.churn})
-      for (auto& row : sec->rows) row.frames = frames_of(m, r, k.first, ids[kept[i++]], &row.truncated);
+      for (auto& row : sec->rows) row.frames = frames_of(m, r, cur ? *cur : gone, ids[kept[i++]], &row.truncated);
     bool same = g.a.in_use_bytes == g.b.in_use_bytes && g.a.in_use_blocks == g.b.in_use_blocks &&
                 g.a.allocs == g.b.allocs && g.a.frees == g.b.frees;
     if (same && !g.grew.total && !g.shrank.total && !g.churn.total) continue;

@@ -64,7 +64,7 @@ void write_folded(std::ostream& os, const heap::HeapModel& m, const Resolver& r,
         line += ";[no stack]";
       } else {
         bool trunc = false;
-        auto fs = frames_of(m, r, p.pid, c.stack_id, &trunc);
+        auto fs = frames_of(m, r, p, c.stack_id, &trunc);
         if (trunc) line += ";[truncated]";
         for (auto it = fs.rbegin(); it != fs.rend(); ++it) line += ";" + frame_name(*it);
         if (fs.empty()) line += ";[no stack]";

@@ -76,22 +76,29 @@ std::string frame_label(const FrameOut& f) {
   return b;
 }
 
-// A call path: the return addresses of a stack, outermost first, after
-// kTruncated when the stack was cut short.
+// A call path: the frames of a stack, outermost first, after kTruncated
+// when the stack was cut short. A frame is its return address (raw stacks),
+// or its location as module << kLocShift | offset (sealed stacks: every
+// stack of one image is either).
 constexpr uint64_t kTruncated = ~uint64_t(0);
+constexpr unsigned kLocShift = 40;
 std::vector<uint64_t> path_of(const heap::HeapModel& m, uint64_t stack_id) {
   std::vector<uint64_t> path;
   const heap::Stack* st = stack_id ? m.stack(stack_id) : nullptr;
   if (!st) return path;
   if (st->truncated) path.push_back(kTruncated);
-  path.insert(path.end(), st->ips.rbegin(), st->ips.rend());
+  if (st->sealed)
+    for (auto l = st->locs.rbegin(); l != st->locs.rend(); ++l)
+      path.push_back(uint64_t{l->module} << kLocShift | (l->offset & ((uint64_t{1} << kLocShift) - 1)));
+  else
+    path.insert(path.end(), st->ips.rbegin(), st->ips.rend());
   return path;
 }
 
 // Frame indexes of call paths of one process, each address symbolized once.
 class PathFrames {
  public:
-  PathFrames(const Resolver& r, Tables& t, pid_t pid) : r_(r), t_(t), pid_(pid) {}
+  PathFrames(const Resolver& r, Tables& t, const heap::Process& p) : r_(r), t_(t), p_(p) {}
   // The frames of path's first n addresses, outermost first (an address
   // with inlined frames: the function they were inlined into first).
   json frames(const std::vector<uint64_t>& path, size_t n) {
@@ -110,14 +117,20 @@ class PathFrames {
       return it->second;
     }
     // Every recorded address is a return address (the caller's call site).
-    auto fs = r_(pid_, ip, true);
+    std::vector<FrameOut> fs;
+    if (p_.sealed) {
+      heap::Loc l{static_cast<uint32_t>(ip >> kLocShift), ip & ((uint64_t{1} << kLocShift) - 1)};
+      fs = r_(p_, heap::address_of(p_, l), &l, true);
+    } else {
+      fs = r_(p_, ip, nullptr, true);
+    }
     for (auto f = fs.rbegin(); f != fs.rend(); ++f)
       it->second.push_back(t_.frame(frame_label(*f), f->file, f->line, f->module, f->inlined));
     return it->second;
   }
   const Resolver& r_;
   Tables& t_;
-  pid_t pid_;
+  const heap::Process& p_;
   std::unordered_map<uint64_t, std::vector<int64_t>> by_ip_;
 };
 
@@ -343,7 +356,7 @@ json image_json(const heap::HeapModel& m, const Resolver& r, Tables& t, const he
   j["duration_ns"] = p.last_ts > origin ? p.last_ts - origin : 0;
   if (p.s.peak_ts) j["peak_ts"] = since(p.s.peak_ts, origin);
 
-  PathFrames pf(r, t, p.pid);
+  PathFrames pf(r, t, p);
   Entries es = entries_of(m, p, pf, t, cap);
   json stacks = json::array();
   for (auto& e : es.list) stacks.push_back(std::move(e.frames));

@@ -154,11 +154,10 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
       std::vector<uint64_t> loc_ids;
       const heap::Stack* s = c.stack_id ? m.stack(c.stack_id) : nullptr;
       if (s)
-        for (uint64_t ip : s->ips) {
-          auto fs = r(p.pid, ip, true);
-          if (fs.empty()) continue;
-          loc_ids.push_back(location_id(p.pid, ip, fs));
-        }
+        for_each_frame(p, *s, [&](uint64_t addr, const heap::Loc* loc) {
+          auto fs = r(p, addr, loc, true);
+          if (!fs.empty()) loc_ids.push_back(location_id(p.pid, addr, fs));
+        });
       if (loc_ids.empty()) {
         if (!no_stack_loc) {
           no_stack_loc = locations.size() + 1;

@@ -28,10 +28,10 @@ std::string describe(const FrameOut& f) {
   return s;
 }
 
-void write_frames_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, pid_t pid,
+void write_frames_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
                        uint64_t stack_id, const char* indent) {
   bool trunc = false;
-  auto fs = frames_of(m, r, pid, stack_id, &trunc);
+  auto fs = frames_of(m, r, p, stack_id, &trunc);
   if (fs.empty()) os << indent << "(no stack)\n";
   for (const auto& f : fs) os << indent << describe(f) << "\n";
   if (trunc) os << indent << "... (stack truncated)\n";
@@ -39,25 +39,23 @@ void write_frames_text(std::ostream& os, const heap::HeapModel& m, const Resolve
 
 }  // namespace
 
-std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, pid_t pid,
+std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
                                 uint64_t stack_id, bool* truncated) {
   std::vector<FrameOut> out;
   const heap::Stack* st = m.stack(stack_id);
   if (!st) return out;
   if (truncated) *truncated = st->truncated;
-  for (size_t i = 0; i < st->ips.size(); i++) {
-    // Every recorded ip is a return address (the caller's call site).
-    auto fs = r(pid, st->ips[i], true);
-    for (auto& f : fs) out.push_back(std::move(f));
-  }
+  for_each_frame(p, *st, [&](uint64_t addr, const heap::Loc* loc) {
+    for (auto& f : r(p, addr, loc, true)) out.push_back(std::move(f));
+  });
   return out;
 }
 
-nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,
                            bool* trunc) {
   using nlohmann::json;
   json stack = json::array();
-  for (const auto& f : frames_of(m, r, pid, stack_id, trunc)) {
+  for (const auto& f : frames_of(m, r, p, stack_id, trunc)) {
     json jf = {{"address", hex(f.address)}, {"function", f.function}, {"module", f.module}};
     jf["offset"] = f.offset;
     if (!f.file.empty()) {
@@ -127,7 +125,7 @@ void write_faults_text(std::ostream& os, const heap::HeapModel& m, const Resolve
     os << s.faults.pages << " pages touched in " << s.faults.faults << " faults (" << s.faults.reads << " read, "
        << s.faults.writes << " write) by " << (s.faults.kind == heap::Hit::Mmap ? "mmap" : "blocks")
        << " from this stack; " << s.allocs.bytes << " bytes allocated in " << s.allocs.blocks << " blocks\n";
-    write_frames_text(os, m, r, p.pid, s.stack_id, "    ");
+    write_frames_text(os, m, r, p, s.stack_id, "    ");
     os << "\n";
   }
   auto by_bytes = alloc_sites_by_bytes(p);
@@ -139,7 +137,7 @@ void write_faults_text(std::ostream& os, const heap::HeapModel& m, const Resolve
     os << s.allocs.bytes << " bytes in " << s.allocs.blocks << " blocks, " << s.allocs.touched_blocks
        << " touched, " << s.faults.pages << " pages touched"
        << (s.faults.faults == 0 ? " (never touched)" : "") << "\n";
-    write_frames_text(os, m, r, p.pid, s.stack_id, "    ");
+    write_frames_text(os, m, r, p, s.stack_id, "    ");
     os << "\n";
   }
   auto regions = fault_regions(p);
@@ -164,7 +162,7 @@ nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const he
   for (size_t i = 0; i < std::min(sites.size(), top); i++) {
     const auto& s = sites[i];
     bool trunc = false;
-    json st = frames_json(m, r, p.pid, s.stack_id, &trunc);
+    json st = frames_json(m, r, p, s.stack_id, &trunc);
     by_stack.push_back({{"pages", s.faults.pages},
                         {"faults", s.faults.faults},
                         {"reads", s.faults.reads},
@@ -182,7 +180,7 @@ nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const he
   for (size_t i = 0; i < std::min(bb.size(), top); i++) {
     const auto& s = bb[i];
     bool trunc = false;
-    json st = frames_json(m, r, p.pid, s.stack_id, &trunc);
+    json st = frames_json(m, r, p, s.stack_id, &trunc);
     by_bytes.push_back({{"bytes", s.allocs.bytes},
                         {"blocks", s.allocs.blocks},
                         {"touched_blocks", s.allocs.touched_blocks},
@@ -205,12 +203,17 @@ nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const he
 
 std::vector<LeakGroup> leak_groups(const heap::Process& p) {
   std::unordered_map<uint64_t, LeakGroup> g;
-  for (const auto& [addr, b] : p.live) {
-    auto& lg = g[b.stack_id];
-    lg.stack_id = b.stack_id;
-    lg.bytes += b.size;
-    lg.blocks++;
-    if (!b.touched) lg.untouched_blocks++;
+  if (p.sealed) {  // its blocks are counted by stack (and may be gone)
+    for (const auto& [id, sa] : p.stack_allocs)
+      if (sa.live_blocks) g[id] = LeakGroup{sa.live_bytes, sa.live_blocks, id, sa.untouched_blocks};
+  } else {
+    for (const auto& [addr, b] : p.live) {
+      auto& lg = g[b.stack_id];
+      lg.stack_id = b.stack_id;
+      lg.bytes += b.size;
+      lg.blocks++;
+      if (!b.touched) lg.untouched_blocks++;
+    }
   }
   std::vector<LeakGroup> v;
   v.reserve(g.size());
@@ -269,9 +272,10 @@ double per_second(const heap::Process& p, uint64_t n) {
   return t > 0 ? n / t : 0;
 }
 
-std::string stack_line(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id, size_t max_frames) {
+std::string stack_line(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,
+                       size_t max_frames) {
   bool trunc = false;
-  auto fs = frames_of(m, r, pid, stack_id, &trunc);
+  auto fs = frames_of(m, r, p, stack_id, &trunc);
   if (fs.empty()) return "(no stack)";
   std::string s;
   for (size_t i = 0; i < fs.size() && i < max_frames; i++) {
@@ -296,7 +300,7 @@ void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resol
        << "; live then, by stack (" << n << " of " << peak.size() << ")\n";
     for (size_t i = 0; i < n; i++)
       os << "    " << peak[i].second->peak_bytes << " bytes in " << peak[i].second->peak_blocks << " blocks: "
-         << stack_line(m, r, p.pid, peak[i].first) << "\n";
+         << stack_line(m, r, p, peak[i].first) << "\n";
     os << "\n";
   }
   auto temp = stacks_by(p, &heap::StackAllocs::temporary);
@@ -309,7 +313,7 @@ void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resol
       char pct[16];
       snprintf(pct, sizeof pct, "%.1f%%", 100.0 * sa.temporary / (sa.allocs ? sa.allocs : 1));
       os << "    " << sa.temporary << " of " << sa.allocs << " allocations (" << pct << "): "
-         << stack_line(m, r, p.pid, temp[i].first) << "\n";
+         << stack_line(m, r, p, temp[i].first) << "\n";
     }
     os << "\n";
   }
@@ -321,7 +325,7 @@ void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resol
     for (size_t i = 0; i < n; i++) {
       const auto& sa = *churn[i].second;
       os << "    " << sa.allocs << " allocations (" << rate(per_second(p, sa.allocs)) << "/s), " << sa.bytes
-         << " bytes: " << stack_line(m, r, p.pid, churn[i].first) << "\n";
+         << " bytes: " << stack_line(m, r, p, churn[i].first) << "\n";
     }
     os << "\n";
   }
@@ -334,7 +338,7 @@ nlohmann::json analysis_json(const heap::HeapModel& m, const Resolver& r, const 
   auto stack_entry = [&](uint64_t id, json j) {
     bool trunc = false;
     j["stack_id"] = hex(id);
-    j["stack"] = frames_json(m, r, p.pid, id, &trunc);
+    j["stack"] = frames_json(m, r, p, id, &trunc);
     j["stack_truncated"] = trunc;
     listed.push_back(id);
     return j;
@@ -402,17 +406,24 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
   char when[64];
   time_t now = time(nullptr);
   strftime(when, sizeof when, "%a %b %d %H:%M:%S %Y", localtime(&now));
-  os << "HEAP SUMMARY " << when << " for pid " << p.pid << " (" << p.comm << ")";
-  if (p.image || p.ended_by_exec) os << ", image " << p.image;
-  if (p.ended_by_exec) os << ", until it exec'd";
-  else if (p.exited && p.exit_code) os << ", exit status " << (*p.exit_code >> 8);
-  os << "\n\n";
-  os << "    in use" << (p.ended_by_exec ? " at exec" : at_exit ? " at exit" : "") << ": " << s.in_use_bytes << " bytes in "
-     << s.in_use_blocks << " blocks\n";
+  if (p.merged) {
+    os << "HEAP SUMMARY " << when << " for " << p.merged << " ended processes of " << p.comm << ", merged (pids";
+    for (pid_t m : p.merged_pids) os << " " << m;
+    os << (p.merged > p.merged_pids.size() ? " ...)" : ")") << "\n\n";
+    os << "    in use at their ends: " << s.in_use_bytes << " bytes in " << s.in_use_blocks << " blocks\n";
+  } else {
+    os << "HEAP SUMMARY " << when << " for pid " << p.pid << " (" << p.comm << ")";
+    if (p.image || p.ended_by_exec) os << ", image " << p.image;
+    if (p.ended_by_exec) os << ", until it exec'd";
+    else if (p.exited && p.exit_code) os << ", exit status " << (*p.exit_code >> 8);
+    os << "\n\n";
+    os << "    in use" << (p.ended_by_exec ? " at exec" : at_exit ? " at exit" : "") << ": " << s.in_use_bytes
+       << " bytes in " << s.in_use_blocks << " blocks\n";
+  }
   os << "    total heap usage: " << s.allocs << " allocs, " << s.frees << " frees, "
      << s.bytes_allocated << " bytes allocated\n";
-  os << "    peak in use: " << s.peak_in_use_bytes << " bytes";
-  if (s.peak_ts && p.first_ts)
+  os << "    peak in use: " << s.peak_in_use_bytes << " bytes" << (p.merged ? " (the largest member's)" : "");
+  if (s.peak_ts && p.first_ts && !p.merged)
     os << " at " << seconds(since_first(p, s.peak_ts)) << " (of " << seconds(traced_seconds(p)) << " traced)";
   os << "\n";
   if (s.allocs) {
@@ -444,7 +455,6 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
                 const Drops& d) {
   for (const heap::Process* pp : m.images()) {
     const heap::Process& p = *pp;
-    pid_t pid = p.pid;
     if (!o.include_idle && !active(p)) continue;
     write_summary_text(os, p, o.at_exit);
     if (!o.leaks) {
@@ -462,7 +472,7 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
       if (m.faults_enabled()) os << " (" << g.untouched_blocks << " never touched)";
       os << "\n";
       bool trunc = false;
-      auto fs = frames_of(m, r, pid, g.stack_id, &trunc);
+      auto fs = frames_of(m, r, p, g.stack_id, &trunc);
       if (fs.empty()) os << "    (no stack)\n";
       for (const auto& f : fs) os << "    " << describe(f) << "\n";
       if (trunc) os << "    ... (stack truncated)\n";
@@ -487,7 +497,6 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
   json procs = json::array();
   for (const heap::Process* pp : m.images()) {
     const heap::Process& p = *pp;
-    pid_t pid = p.pid;
     if (!o.include_idle && !active(p)) continue;
     const auto& s = p.s;
     json jp;
@@ -497,8 +506,9 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
     // One entry per image: exec_index counts pid's images reported before it;
     // an image that exec'd ended "exec" (its blocks are in use at the exec).
     jp["exec_index"] = p.image;
-    jp["ended"] = p.ended_by_exec ? "exec" : p.exited ? "exit" : "running";
-    if (p.exited && p.exit_code && !p.ended_by_exec) {
+    jp["ended"] = p.merged ? "merged" : p.ended_by_exec ? "exec" : p.exited ? "exit" : "running";
+    if (p.merged) jp["merged"] = {{"processes", p.merged}, {"pids", p.merged_pids}};
+    if (p.exited && p.exit_code && !p.ended_by_exec && !p.merged) {
       int st = *p.exit_code;
       jp["exit_code"] = (st & 0x7f) ? 128 + (st & 0x7f) : (st >> 8) & 0xff;
     } else {
@@ -533,7 +543,7 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
       for (size_t i = 0; i < n; i++) {
         const auto& g = groups[i];
         bool trunc = false;
-        json stack = frames_json(m, r, pid, g.stack_id, &trunc);
+        json stack = frames_json(m, r, p, g.stack_id, &trunc);
         json jl = {{"bytes", g.bytes}, {"blocks", g.blocks}, {"stack_id", hex(g.stack_id)}, {"stack", stack},
                    {"stack_truncated", trunc}};
         if (m.faults_enabled()) jl["untouched_blocks"] = g.untouched_blocks;

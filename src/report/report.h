@@ -28,8 +28,20 @@ struct FrameOut {
   std::string unknown;  // reason when nothing is known
 };
 
-// Symbolize one address of process pid (return_address: look up address-1).
-using Resolver = std::function<std::vector<FrameOut>(pid_t pid, uint64_t addr, bool return_address)>;
+// Symbolize one frame of a stack of image p (return_address: look up
+// address-1): an address in p's mappings (raw stacks: loc is null), or a
+// location (sealed stacks; address is where it was in p, for show).
+using Resolver = std::function<std::vector<FrameOut>(const heap::Process& p, uint64_t address, const heap::Loc* loc,
+                                                     bool return_address)>;
+// The frames of stack st of image p, one Resolver call each (every recorded
+// frame is a return address: the caller's call site).
+template <class F>
+void for_each_frame(const heap::Process& p, const heap::Stack& st, F&& f) {
+  if (st.sealed)
+    for (const heap::Loc& l : st.locs) f(heap::address_of(p, l), &l);
+  else
+    for (uint64_t ip : st.ips) f(ip, static_cast<const heap::Loc*>(nullptr));
+}
 
 struct Options {
   size_t top = 10;          // leak groups per process
@@ -64,9 +76,9 @@ void write_faults_text(std::ostream& os, const heap::HeapModel& m, const Resolve
 nlohmann::json faults_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, size_t top);
 // The frames of a stack, innermost first (inlined frames before the function
 // they were inlined into); *truncated: the stack was cut short.
-std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
-                                bool* truncated);
-nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, const heap::Process& p,
+                                uint64_t stack_id, bool* truncated);
+nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,
                            bool* truncated);
 
 // ---- Analyses (issue 19): what heaptrack_print and memray show beside leaks.
@@ -80,7 +92,7 @@ double traced_seconds(const heap::Process& p);
 double per_second(const heap::Process& p, uint64_t n);
 // A stack on one line, innermost first: "f (file.c:12) < g (file.c:30) < ...",
 // at most max_frames frames.
-std::string stack_line(const heap::HeapModel& m, const Resolver& r, pid_t pid, uint64_t stack_id,
+std::string stack_line(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,
                        size_t max_frames = 4);
 // The analyses of p (per process JSON "analysis"): temporary, peak, churn with
 // their top stacks, lifetimes, timeline, and the spans of the stacks listed.

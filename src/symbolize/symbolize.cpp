@@ -120,6 +120,32 @@ pid_t AddressSpace::pid() const { return impl_->pid; }
 size_t AddressSpace::mapping_count() const { return impl_->all.size(); }
 
 struct Symbolizer::Impl {
+  // Location modules (see Symbolizer::locate): what one id stands for.
+  struct LocModule {
+    std::shared_ptr<Module> module;
+    std::string path;
+    Unknown failure = Unknown::None;
+  };
+  std::vector<LocModule> loc_modules{LocModule{}};  // [0] unused: ids start at 1
+  std::map<std::tuple<const Module*, std::string, Unknown>, uint32_t> loc_ids;
+  struct LocKey {
+    uint64_t offset;
+    uint32_t module;
+    bool ra;
+    bool operator==(const LocKey& o) const { return offset == o.offset && module == o.module && ra == o.ra; }
+  };
+  struct LocHash {
+    size_t operator()(const LocKey& k) const { return k.offset * 0x9e3779b97f4a7c15ull ^ k.module << 1 ^ k.ra; }
+  };
+  std::unordered_map<LocKey, Symbolized, LocHash> loc_memo;
+  uint64_t loc_memo_generation = 0;
+
+  uint32_t loc_module(const std::shared_ptr<Module>& m, const std::string& path, Unknown failure) {
+    auto [it, fresh] = loc_ids.try_emplace({m.get(), path, failure}, static_cast<uint32_t>(loc_modules.size()));
+    if (fresh) loc_modules.push_back(LocModule{m, path, failure});
+    return it->second;
+  }
+
   Options opts;
   DebugFinder finder;
   std::map<std::pair<uint64_t, uint64_t>, std::pair<std::shared_ptr<Module>, Unknown>> by_devino;
@@ -169,9 +195,13 @@ void Symbolizer::allow_debuginfod() {
   if (again) ++impl_->generation;
 }
 
-Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
+Result<void> Symbolizer::update(AddressSpace& as, pid_t pid, const std::vector<MappingInfo>* given) {
+  Result<std::vector<MappingInfo>> read = std::vector<MappingInfo>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return read.error();
+  }
+  const std::vector<MappingInfo>* maps = given ? given : &*read;
   auto& a = as.impl();
   a.pid = pid;
   const std::string proc = "/proc/" + std::to_string(pid);
@@ -183,7 +213,7 @@ Result<void> Symbolizer::update(AddressSpace& as, pid_t pid) {
       (r1.st_dev != r2.st_dev || r1.st_ino != r2.st_ino))
     root_prefix = proc + "/root";
 
-  for (auto& m : *maps) {
+  for (const auto& m : *maps) {
     if (m.perms.find('x') == std::string::npos) continue;
     MapKey key{m.start, m.end, m.offset, m.dev, m.inode, m.path};
     if (!a.seen.insert(key).second) continue;
@@ -281,6 +311,24 @@ Result<void> Symbolizer::add_file(AddressSpace& as, const std::string& path, uin
   return {};
 }
 
+// The frames of a file offset in module (mapped at path), as symbolize() gives them.
+static void lookup_in(Symbolized& s, Module* module, Unknown failure, const std::string& path, uint64_t pc_offset,
+                      DebugFinder& finder, const Options& opts, Symbolizer::Stats& stats) {
+  s.module = path;
+  s.module_offset = pc_offset;
+  if (!module) {
+    s.unknown = failure == Unknown::None ? Unknown::FileGone : failure;
+  } else if (auto vaddr = module->image().offset_to_vaddr(pc_offset); !vaddr) {
+    s.unknown = Unknown::NoSymbols;
+  } else {
+    ++stats.module_lookups;
+    const ModuleLookup& ml = module->lookup(*vaddr, finder, opts);
+    s.unknown = ml.unknown;
+    s.frames = ml.frames;
+    for (auto& f : s.frames) f.module = path;
+  }
+}
+
 const Symbolized& Symbolizer::symbolize(const AddressSpace& as, uint64_t address, bool return_address) {
   ++impl_->stats.lookups;
   const auto& a = as.impl();
@@ -295,24 +343,46 @@ const Symbolized& Symbolizer::symbolize(const AddressSpace& as, uint64_t address
   s.address = address;
   uint64_t pc = return_address && address > 0 ? address - 1 : address;
   const MapEntry* e = a.find(pc);
-  if (!e) {
-    s.unknown = Unknown::Unmapped;
-  } else {
-    s.module = e->info.path;
-    s.module_offset = pc - e->info.start + e->info.offset;
-    if (!e->module) {
-      s.unknown = e->failure == Unknown::None ? Unknown::FileGone : e->failure;
-    } else if (auto vaddr = e->module->image().offset_to_vaddr(s.module_offset); !vaddr) {
-      s.unknown = Unknown::NoSymbols;
-    } else {
-      ++impl_->stats.module_lookups;
-      const ModuleLookup& ml = e->module->lookup(*vaddr, impl_->finder, impl_->opts);
-      s.unknown = ml.unknown;
-      s.frames = ml.frames;
-      for (auto& f : s.frames) f.module = e->info.path;
-    }
-  }
+  if (!e) s.unknown = Unknown::Unmapped;
+  else lookup_in(s, e->module.get(), e->failure, e->info.path, pc - e->info.start + e->info.offset, impl_->finder,
+                 impl_->opts, impl_->stats);
   return memo.emplace(address, std::move(s)).first->second;
+}
+
+Symbolizer::Location Symbolizer::locate(const AddressSpace& as, uint64_t address, bool return_address) {
+  uint64_t pc = return_address && address > 0 ? address - 1 : address;
+  const MapEntry* e = as.impl().find(pc);
+  Location l;
+  if (!e) {
+    l.module = impl_->loc_module(nullptr, "", Unknown::Unmapped);
+    l.offset = address;
+    return l;
+  }
+  l.module = impl_->loc_module(e->module, e->info.path, e->module ? Unknown::None : e->failure);
+  l.offset = address - e->info.start + e->info.offset;
+  l.bias = address - l.offset;
+  l.mapped = true;
+  return l;
+}
+
+const Symbolized& Symbolizer::symbolize_at(uint32_t module, uint64_t offset, bool return_address) {
+  ++impl_->stats.lookups;
+  if (impl_->loc_memo_generation != impl_->generation) {
+    impl_->loc_memo.clear();
+    impl_->loc_memo_generation = impl_->generation;
+  }
+  Impl::LocKey key{offset, module, return_address};
+  if (auto it = impl_->loc_memo.find(key); it != impl_->loc_memo.end()) return it->second;
+  Symbolized s;
+  const Impl::LocModule* m = module < impl_->loc_modules.size() ? &impl_->loc_modules[module] : nullptr;
+  if (!m || !module || m->failure == Unknown::Unmapped) {
+    s.unknown = Unknown::Unmapped;
+    s.address = offset;
+  } else {
+    uint64_t pc_offset = return_address && offset > 0 ? offset - 1 : offset;
+    lookup_in(s, m->module.get(), m->failure, m->path, pc_offset, impl_->finder, impl_->opts, impl_->stats);
+  }
+  return impl_->loc_memo.emplace(key, std::move(s)).first->second;
 }
 
 std::string Symbolizer::debug_file(const AddressSpace& as, uint64_t address) {

@@ -98,7 +98,8 @@ class Symbolizer {
   // /proc/PID/map_files or /proc/PID/root while the process lives. Calling it
   // again adds what appeared since. Files are parsed once per run (shared by
   // build-id / dev+inode across processes).
-  Result<void> update(AddressSpace& as, pid_t pid);
+  // maps: /proc/PID/maps as read by the caller (nullptr: read it here).
+  Result<void> update(AddressSpace& as, pid_t pid, const std::vector<MappingInfo>* maps = nullptr);
 
   // Add one mapping by hand (tests, fuzzer, recordings): open_path is the file
   // to read for it.
@@ -113,6 +114,24 @@ class Symbolizer {
   // Memoized per (module, address). The reference stays valid until the next
   // update/add_mapping on `as` (or its destruction). Not thread-safe.
   const Symbolized& symbolize(const AddressSpace& as, uint64_t address, bool return_address);
+
+  // ---- Locations: an address as (file, offset), valid after the process is
+  // gone and the same in every process that maps the file (the heap model's
+  // sealed stacks). Module ids are numbered here from 1: one per file as
+  // mapped at a path, one per reason nothing is known (unmapped addresses
+  // keep the address itself as their offset).
+  struct Location {
+    uint32_t module = 0;
+    uint64_t offset = 0;  // file offset of address (unmapped: the address)
+    uint64_t bias = 0;    // address - offset in as
+    bool mapped = false;  // in a mapping of as
+  };
+  // return_address: the mapping of address-1 (a call at a mapping's end).
+  Location locate(const AddressSpace& as, uint64_t address, bool return_address);
+  // What symbolize(as, address, return_address) says, from a location; the
+  // result's address is 0. Memoized per (module, offset); valid until the
+  // next call of locate or symbolize_at.
+  const Symbolized& symbolize_at(uint32_t module, uint64_t offset, bool return_address);
 
   // From now on, debug files missing locally are asked of debuginfod (when
   // Options::debuginfod): modules read without it while deferred are read

@@ -299,7 +299,7 @@ TEST(OutputsFormat, PprofLinesOfInlinedFramesAndFoldedEscapes) {
   e.role = MT_ROLE_FREE;
   m.apply(&e, sizeof e);
   m.process(10).comm = "t;x";
-  memtrace::report::Resolver r = [](pid_t, uint64_t addr, bool) {
+  memtrace::report::Resolver r = [](const memtrace::heap::Process&, uint64_t addr, const memtrace::heap::Loc*, bool) {
     std::vector<memtrace::report::FrameOut> v;
     memtrace::report::FrameOut f;
     f.address = addr;

@@ -264,7 +264,7 @@ TEST(HtmlData, CapFoldsTheRestAndNamesAreSafe) {
     m.apply(&e, sizeof e);
   }
   m.process(10).comm = "</script><b>";
-  memtrace::report::Resolver r = [](pid_t, uint64_t addr, bool) {
+  memtrace::report::Resolver r = [](const memtrace::heap::Process&, uint64_t addr, const memtrace::heap::Loc*, bool) {
     memtrace::report::FrameOut f;
     f.address = addr;
     f.function = addr == 0x500000 ? "main" : "fn<" + std::to_string((addr - 0x400000) / 16) + ">";

@@ -1,0 +1,318 @@
+// Ended images: sealed when they end, merged by command name past a cap,
+// and the raw stacks no live image needs any more dropped. What keeps the
+// model's memory to live blocks and distinct call paths on a host where
+// thousands of processes come and go (issue 17's soak: 23,000 compiler
+// processes kept 17.9 M ASLR-distinct stacks and 23 M leaked blocks).
+#include <algorithm>
+#include <unordered_set>
+
+#include "heap/heap_model.h"
+
+namespace memtrace::heap {
+namespace {
+
+constexpr uint64_t kSealedBit = 1ull << 63;
+constexpr size_t kMergedPidsShown = 16;
+
+uint64_t hash_locs(const std::vector<Loc>& locs, bool truncated) {
+  uint64_t h = 0xcbf29ce484222325ull ^ truncated;
+  for (const Loc& l : locs) {
+    h = (h ^ l.module) * 0x100000001b3ull;
+    h = (h ^ l.offset) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  return h | kSealedBit;
+}
+
+template <class Map, class Add>
+void rekey(Map& m, const std::unordered_map<uint64_t, uint64_t>& remap, Add add) {
+  Map out;
+  out.reserve(m.size());
+  for (auto& [id, v] : m) {
+    auto it = remap.find(id);
+    uint64_t nid = it == remap.end() ? id : it->second;
+    auto [o, fresh] = out.try_emplace(nid, std::move(v));
+    if (!fresh) add(o->second, v);
+  }
+  m.swap(out);
+}
+
+void add_stack_allocs(StackAllocs& a, const StackAllocs& b) {
+  a.allocs += b.allocs;
+  a.bytes += b.bytes;
+  a.temporary += b.temporary;
+  a.live_bytes += b.live_bytes;
+  a.live_blocks += b.live_blocks;
+  a.peak_bytes += b.peak_bytes;
+  a.peak_blocks += b.peak_blocks;
+  a.untouched_blocks += b.untouched_blocks;
+}
+
+void add_site_faults(SiteFaults& a, const SiteFaults& b) {
+  a.faults += b.faults;
+  a.pages += b.pages;
+  a.reads += b.reads;
+  a.writes += b.writes;
+}
+
+void add_site_allocs(SiteAllocs& a, const SiteAllocs& b) {
+  a.bytes += b.bytes;
+  a.blocks += b.blocks;
+  a.touched_blocks += b.touched_blocks;
+}
+
+// Two span lists of one stack that became one: concatenated, sorted by
+// (alloc, free) bucket, equal buckets summed.
+void add_spans(std::vector<Span>& a, const std::vector<Span>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  auto key = [](const Span& s) { return uint32_t(s.alloc_bucket) << 16 | s.free_bucket; };
+  std::sort(a.begin(), a.end(), [&](const Span& x, const Span& y) { return key(x) < key(y); });
+  size_t out = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    if (out && key(a[out - 1]) == key(a[i])) {
+      a[out - 1].bytes += a[i].bytes;
+      a[out - 1].count += a[i].count;
+    } else {
+      a[out++] = a[i];
+    }
+  }
+  a.resize(out);
+}
+
+template <class T>
+void release(T& c) {
+  T().swap(c);
+}
+
+}  // namespace
+
+uint64_t address_of(const Process& p, const Loc& l) {
+  auto it = std::lower_bound(p.bias.begin(), p.bias.end(), l.module,
+                             [](const std::pair<uint32_t, uint64_t>& b, uint32_t m) { return b.first < m; });
+  return it != p.bias.end() && it->first == l.module ? it->second + l.offset : l.offset;
+}
+
+void HeapModel::set_locator(Locator l, bool keep_blocks) {
+  locator_ = std::move(l);
+  keep_blocks_ = keep_blocks;
+}
+
+uint64_t HeapModel::intern(Stack&& s) {
+  uint64_t id = hash_locs(s.locs, s.truncated);
+  for (;;) {
+    auto it = sealed_.find(id);
+    if (it == sealed_.end()) {
+      sealed_.emplace(id, std::move(s));
+      return id;
+    }
+    if (it->second.locs == s.locs && it->second.truncated == s.truncated) return id;
+    id = (id + 1) | kSealedBit;  // another stack with this hash: the next free id
+  }
+}
+
+void HeapModel::seal(Process& p) {
+  if (p.sealed || !locator_) return;
+  std::unordered_map<uint64_t, Located> where;  // by ip: stacks of one image share most frames
+  std::unordered_map<uint32_t, uint64_t> bias;
+  std::unordered_map<uint64_t, uint64_t> remap;  // raw id -> sealed id
+  auto seal_id = [&](uint64_t raw) {
+    if (!raw) return;
+    auto [it, fresh] = remap.try_emplace(raw, raw);
+    if (!fresh) return;
+    const Stack* st = stack(raw);
+    if (!st || st->sealed) return;  // never received (counted as missing): stays as it was
+    Stack s;
+    s.sealed = true;
+    s.truncated = st->truncated;
+    s.locs.reserve(st->ips.size());
+    for (uint64_t ip : st->ips) {
+      auto w = where.find(ip);
+      if (w == where.end()) {
+        w = where.emplace(ip, locator_(p, ip)).first;
+        bias.try_emplace(w->second.loc.module, w->second.bias);
+      }
+      s.locs.push_back(w->second.loc);
+    }
+    it->second = intern(std::move(s));
+  };
+  for (const auto& [id, sa] : p.stack_allocs) seal_id(id);
+  for (const auto& [id, sf] : p.fault_stacks) seal_id(id);
+  for (const auto& [id, sa] : p.alloc_sites) seal_id(id);
+  for (const auto& [addr, b] : p.live) seal_id(b.stack_id);
+
+  // Per-block state first (its StackAllocs pointers die with the rekey).
+  if (faults_)
+    for (const auto& [addr, b] : p.live)
+      if (!b.touched)
+        if (auto it = p.stack_allocs.find(b.stack_id); it != p.stack_allocs.end()) it->second.untouched_blocks++;
+  for (auto& sa : p.peak_dirty) sa->peak_dirty = false;
+  release(p.peak_dirty);
+  for (auto& [id, sa] : p.stack_allocs) sa.spans = nullptr;
+  rekey(p.stack_allocs, remap, add_stack_allocs);
+  rekey(p.spans, remap, add_spans);
+  rekey(p.fault_stacks, remap, add_site_faults);
+  rekey(p.alloc_sites, remap, add_site_allocs);
+  if (keep_blocks_) {
+    for (auto& [addr, b] : p.live) {
+      if (auto it = remap.find(b.stack_id); it != remap.end()) b.stack_id = it->second;
+      b.stack = nullptr;
+    }
+  } else {
+    release(p.live);
+  }
+  release(p.live_index);
+  release(p.touched);
+  release(p.maps);
+  release(p.last_alloc_by_tid);
+  release(p.realloc_parked);
+  p.cur_tid = 0;
+  p.cur_tid_last = 0;
+  p.bias.assign(bias.begin(), bias.end());
+  std::sort(p.bias.begin(), p.bias.end());
+  p.sealed = true;
+}
+
+void HeapModel::ended(std::unique_ptr<Process> p) {
+  if (!locator_) {
+    ended_.push_back(std::move(p));
+    return;
+  }
+  seal(*p);
+  ended_.push_back(std::move(p));
+  individual_ended_++;
+  if (!image_cap_ || individual_ended_ <= image_cap_) return;
+  // The command name with the most images kept one by one gives its oldest.
+  std::map<std::string, size_t> count;
+  for (const auto& e : ended_)
+    if (e->sealed) count[e->comm]++;
+  auto most = std::max_element(count.begin(), count.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (most == count.end()) return;
+  auto oldest = std::find_if(ended_.begin(), ended_.end(),
+                             [&](const auto& e) { return e->sealed && e->comm == most->first; });
+  auto& group = groups_[most->first];
+  if (!group) {
+    group = std::make_unique<Process>();
+    group->comm = most->first;
+    group->sealed = true;
+    group->exited = true;
+    group->pid = (*oldest)->pid;
+  }
+  merge_into(*group, **oldest);
+  ended_.erase(oldest);
+  individual_ended_--;
+  merged_total_++;
+}
+
+void HeapModel::merge_into(Process& g, Process& img) {
+  Summary& a = g.s;
+  const Summary& b = img.s;
+  if (b.peak_in_use_bytes > a.peak_in_use_bytes || !g.merged) {  // the largest member's peak
+    for (auto& [id, sa] : g.stack_allocs) sa.peak_bytes = sa.peak_blocks = 0;
+    for (const auto& [id, sa] : img.stack_allocs) {
+      auto& ga = g.stack_allocs[id];
+      ga.peak_bytes = sa.peak_bytes;
+      ga.peak_blocks = sa.peak_blocks;
+    }
+    a.peak_in_use_bytes = b.peak_in_use_bytes;
+    a.peak_ts = b.peak_ts;
+  }
+  for (const auto& [id, sa] : img.stack_allocs) {
+    StackAllocs add = sa;
+    add.peak_bytes = add.peak_blocks = 0;
+    add_stack_allocs(g.stack_allocs[id], add);
+  }
+  a.allocs += b.allocs;
+  a.frees += b.frees;
+  a.bytes_allocated += b.bytes_allocated;
+  a.in_use_bytes += b.in_use_bytes;
+  a.in_use_blocks += b.in_use_blocks;
+  a.failed_allocs += b.failed_allocs;
+  a.mmap_bytes_allocator += b.mmap_bytes_allocator;
+  a.mmap_bytes_direct += b.mmap_bytes_direct;
+  a.mapped_now_allocator += b.mapped_now_allocator;
+  a.mapped_now_direct += b.mapped_now_direct;
+  a.mmap_calls += b.mmap_calls;
+  a.munmap_calls += b.munmap_calls;
+  a.mremap_calls += b.mremap_calls;
+  a.brk_calls += b.brk_calls;
+  // The reports show brk_now - brk_start: the sum of the members' brk heaps.
+  a.brk_start = 0;
+  a.brk_now += b.brk_now > b.brk_start ? b.brk_now - b.brk_start : 0;
+  a.unknown_frees += b.unknown_frees;
+  a.inherited_blocks += b.inherited_blocks;
+  a.temporary_allocs += b.temporary_allocs;
+  for (size_t i = 0; i < g.lifetimes.freed.size(); i++) {
+    g.lifetimes.freed[i] += img.lifetimes.freed[i];
+    g.lifetimes.freed_bytes[i] += img.lifetimes.freed_bytes[i];
+  }
+  g.lifetimes.live_at_end += img.lifetimes.live_at_end;
+  // Time: the span from the first member's start to the last one's end
+  // (rates per second over it); no timeline or spans (each member has its own clock).
+  if (img.first_ts && (!g.first_ts || img.first_ts < g.first_ts)) g.first_ts = img.first_ts;
+  g.last_ts = std::max(g.last_ts, img.last_ts);
+  g.f.total += img.f.total;
+  g.f.read += img.f.read;
+  g.f.write += img.f.write;
+  g.f.instr += img.f.instr;
+  g.f.pages_first_touched += img.f.pages_first_touched;
+  g.f.access_errors += img.f.access_errors;
+  for (const auto& [id, sf] : img.fault_stacks) {
+    auto [it, fresh] = g.fault_stacks.try_emplace(id, sf);
+    if (!fresh) add_site_faults(it->second, sf);
+  }
+  for (const auto& [label, sf] : img.fault_regions) {
+    auto [it, fresh] = g.fault_regions.try_emplace(label, sf);
+    if (!fresh) add_site_faults(it->second, sf);
+  }
+  for (const auto& [id, sa] : img.alloc_sites) {
+    auto [it, fresh] = g.alloc_sites.try_emplace(id, sa);
+    if (!fresh) add_site_allocs(it->second, sa);
+  }
+  for (const auto& b : img.bias) {  // modules the earlier members did not map
+    auto it = std::lower_bound(g.bias.begin(), g.bias.end(), b);
+    if (it == g.bias.end() || it->first != b.first) g.bias.insert(it, b);
+  }
+  if (g.merged_pids.size() < kMergedPidsShown) g.merged_pids.push_back(img.pid);
+  g.merged++;
+}
+
+void HeapModel::retire(pid_t pid, bool keep_idle) {
+  auto it = procs_.find(pid);
+  if (it == procs_.end()) return;
+  std::unique_ptr<Process> p = std::move(it->second);
+  procs_.erase(it);
+  last_ = nullptr;
+  p->exited = true;
+  if (p->prelude || !(active(*p) || keep_idle)) return;
+  ended(std::move(p));
+}
+
+std::vector<uint64_t> HeapModel::collect_stacks() {
+  graveyard_.clear();  // the last round's: records that could still name them are long applied
+  std::unordered_set<uint64_t> used;
+  auto mark = [&](const Process& p) {
+    if (p.sealed) return;
+    for (const auto& [id, sa] : p.stack_allocs) used.insert(id);
+    for (const auto& [id, sf] : p.fault_stacks) used.insert(id);
+    for (const auto& [id, sa] : p.alloc_sites) used.insert(id);
+    for (const auto& [addr, b] : p.live) used.insert(b.stack_id);
+    for (const auto& [addr, m] : p.maps) used.insert(m.stack_id);
+    for (const auto& [tid, pf] : p.realloc_parked) used.insert(pf.block.stack_id);
+  };
+  for (const auto& [pid, p] : procs_) mark(*p);
+  for (const auto& p : ended_) mark(*p);
+  std::vector<uint64_t> dropped;
+  for (auto it = stacks_.begin(); it != stacks_.end();) {
+    if (used.count(it->first)) {
+      ++it;
+      continue;
+    }
+    dropped.push_back(it->first);
+    graveyard_.insert(std::move(*it));
+    it = stacks_.erase(it);
+  }
+  return dropped;
+}
+
+}  // namespace memtrace::heap
