@@ -1115,6 +1115,7 @@ int Tracer::run() {
   model_.set_image_cap(o_.max_images);
       break;
     }
+    if (model_.stack_count() >= stacks_gc_at_) collect_stacks();
     auto now = std::chrono::steady_clock::now();
     if (launcher_) {
       int st;
@@ -1157,4 +1158,3 @@ int Tracer::run() {
 }
 
 }  // namespace memtrace::loader
-    if (model_.stack_count() >= stacks_gc_at_) collect_stacks();
