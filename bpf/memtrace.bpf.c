@@ -353,8 +353,9 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 		if (sp <= cur->sp) {
 			/* A public entry point called from inside another
 			 * (realloc(NULL, n) -> malloc): counted once, as the
-			 * outer call. free has no return probe: not counted. */
-			if (role != MT_ROLE_FREE)
+			 * outer call. free and aligned operator new have no
+			 * return probe: not counted. */
+			if (role != MT_ROLE_FREE && role != MT_ROLE_ALIGNED_NEW)
 				cur->depth++;
 			count(MT_C_NESTED);
 			return 0;
@@ -362,12 +363,28 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 		count(MT_C_STALE_INFLIGHT); /* a return we never saw */
 	}
 
+	if (role == MT_ROLE_ALIGNED_NEW) {
+		/* The size the program asked for, for the aligned call this
+		 * operator makes next (see MT_ROLE_ALIGNED_NEW). new[] and the
+		 * nothrow forms call new through the PLT: the innermost entry
+		 * leaves the mark, with the same size. */
+		if (cur) {
+			cur->depth = 0;
+			cur->role = MT_ROLE_ALIGNED_NEW;
+			cur->arg0 = PT_REGS_PARM1(ctx);
+			cur->sp = sp + ret_at;
+		}
+		return 0;
+	}
+
 	if (role == MT_ROLE_FREE) {
 		__u64 ptr = PT_REGS_PARM1(ctx);
 		if (ptr) /* free(NULL) is not a free */
 			emit(MT_EV_FREE, 0, pid_tgid, ptr, 0, 0, 0, 0, role, 0);
-		if (cur)
+		if (cur) {
 			cur->depth = 0;
+			cur->role = MT_ROLE_FREE; /* an operator new's mark is for the next call only */
+		}
 		return 0;
 	}
 
@@ -416,6 +433,16 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 		rec.arg0 = PT_REGS_PARM1(ctx);
 		break;
 	}
+	/* Made from inside a C++ aligned operator new whose entry left its
+	 * size: that size, not the rounded one passed on. Checked after the
+	 * stack capture (nothing branch-dependent live across it). The mark
+	 * goes with *cur = rec below, taken or not. */
+	if (cur->role == MT_ROLE_ALIGNED_NEW && cur->depth == 0 &&
+	    (role == MT_ROLE_ALIGNED_ALLOC || role == MT_ROLE_POSIX_MEMALIGN || role == MT_ROLE_MEMALIGN) &&
+	    sp + ret_at < cur->sp) {
+		rec.arg0 = cur->arg0;
+		rec.flags |= MT_F_CXX_NEW;
+	}
 
 	/* realloc(p, n), p != NULL: the old block dies now, before the
 	 * allocator can hand its address to another thread. A failure is
@@ -451,7 +478,8 @@ MT_ROLE_PROG(6)
 MT_ROLE_PROG(7)
 MT_ROLE_PROG(8)
 MT_ROLE_PROG(9)
-_Static_assert(MT_ROLE_COUNT == 10, "one mt_alloc_enter_R per role");
+MT_ROLE_PROG(10)
+_Static_assert(MT_ROLE_COUNT == 11, "one mt_alloc_enter_R per role");
 #endif
 
 SEC("uretprobe")
@@ -751,6 +779,7 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 	struct mt_inflight *cur = inflight_get(0);
 	if (cur) {
 		cur->depth = 0;
+		cur->role = MT_ROLE_FREE; /* nor an aligned operator new's mark */
 		cur->img_mm = 0; /* a later image may get this mm's address again */
 	}
 	/* Names this exec in both records (the events stream's and the

@@ -28,6 +28,17 @@ enum mt_role {
 	MT_ROLE_MEMALIGN,
 	MT_ROLE_VALLOC,
 	MT_ROLE_PVALLOC,
+	/* C++ aligned operator new (new, new[], their nothrow forms) of a
+	 * runtime that rounds the size up before it calls aligned_alloc
+	 * (libstdc++): an entry probe only, no record, no event. It leaves the
+	 * size the program asked for in the thread's mt_inflight (role
+	 * MT_ROLE_ALIGNED_NEW, depth 0, arg0 = size, sp = its return address
+	 * slot); the next allocator entry of the thread takes it if it is an
+	 * aligned call made from inside that operator new (a lower return
+	 * address slot), and clears it in any case. No return probe: a C++
+	 * exception thrown through a frame whose return address a uretprobe
+	 * replaced finds no unwind info there and calls std::terminate. */
+	MT_ROLE_ALIGNED_NEW,
 	MT_ROLE_COUNT,
 };
 
@@ -66,6 +77,9 @@ enum mt_kind {
 #define MT_F_FAULT_NO_VMA (1u << 9)       /* no VMA at the address (SIGSEGV or stack growth) */
 #define MT_F_FAULT_VMA_UNKNOWN (1u << 10) /* VMA lookup not possible (mmap lock busy) */
 #define MT_F_EXEC_UNTRACED (1u << 11)     /* MT_EV_EXEC in the events ring: the new image is not traced (-c) */
+/* MT_EV_ALLOC / ALLOC_FAIL: size is what the program asked a C++ aligned
+ * operator new for, not the (rounded) size that operator passed on. */
+#define MT_F_CXX_NEW (1u << 12)
 
 struct mt_hdr {
 	__u32 kind; /* enum mt_kind */

@@ -94,6 +94,13 @@ Result<ElfFile> ElfFile::open(const std::string& path) {
     for (size_t i = 0; i < n; i++) {
       GElf_Sym s;
       if (!gelf_getsym(data, i, &s)) break;
+      if (dynamic && s.st_shndx == SHN_UNDEF && s.st_name != 0) {
+        if (const char* name = elf_strptr(e.get(), sh.sh_link, s.st_name); name && *name) {
+          std::string n = name;
+          if (auto at = n.find('@'); at != std::string::npos) n.resize(at);
+          f.imports_.insert(std::move(n));
+        }
+      }
       if (s.st_shndx == SHN_UNDEF || s.st_value == 0) continue;
       uint8_t type = GELF_ST_TYPE(s.st_info);
       if (type != STT_FUNC && type != STT_GNU_IFUNC && type != STT_OBJECT && type != STT_TLS)

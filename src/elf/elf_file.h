@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/result.h"
@@ -44,6 +45,9 @@ class ElfFile {
   std::optional<Symbol> find_function(std::string_view name) const;
   std::optional<Symbol> find_object(std::string_view name) const;
   const std::vector<Symbol>& symbols() const { return symbols_; }
+  // The object calls or reads `name` from another object (an undefined
+  // .dynsym entry, version suffix ignored): "aligned_alloc" in libstdc++.
+  bool imports(std::string_view name) const { return imports_.count(std::string(name)) != 0; }
 
   std::optional<uint64_t> vaddr_to_offset(uint64_t vaddr) const;
   // Bytes of the file image at vaddr (fewer if the segment ends earlier).
@@ -57,6 +61,7 @@ class ElfFile {
   std::vector<Segment> segments_;
   std::vector<Symbol> symbols_;
   std::unordered_map<std::string, std::vector<size_t>> by_name_;
+  std::unordered_set<std::string> imports_;
   std::string data_;  // whole file, read once (libraries are small enough)
 };
 

@@ -11,7 +11,8 @@ namespace memtrace::probes {
 const char* role_name(Role r) {
   static const char* names[] = {"malloc",         "calloc",        "realloc",  "reallocarray",
                                 "free",           "posix_memalign", "aligned_alloc",
-                                "memalign",       "valloc",        "pvalloc"};
+                                "memalign",       "valloc",        "pvalloc",  "aligned_new"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Role::kCount));
   auto i = static_cast<uint32_t>(r);
   return i < static_cast<uint32_t>(Role::kCount) ? names[i] : "?";
 }
@@ -29,7 +30,7 @@ Needs needs_for(Role r) {
     default: n.arg_mask = 0x1; break;                    // size
   }
   n.reads_rsp = true;
-  n.reads_rbp = true;
+  n.reads_rbp = r != Role::kAlignedNew;  // no stack taken there
   return n;
 }
 
@@ -41,6 +42,7 @@ const char* family_name(Family f) {
     case Family::kTcmalloc: return "tcmalloc";
     case Family::kMimalloc: return "mimalloc";
     case Family::kOther: return "other";
+    case Family::kCxx: return "c++";
   }
   return "?";
 }
@@ -140,7 +142,7 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
   // Roles sharing an address: one probe, with the union of what they read.
   std::map<uint64_t, Needs> needs_at;
   std::vector<std::pair<Role, elf::Symbol>> found;
-  for (uint32_t i = 0; i < static_cast<uint32_t>(Role::kCount); i++) {
+  for (uint32_t i = 0; i <= static_cast<uint32_t>(Role::kPvalloc); i++) {  // the malloc family
     Role r = static_cast<Role>(i);
     auto s = probeable(elf, a.prefix + role_name(r));
     if (!s) continue;
@@ -174,10 +176,52 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
   return a;
 }
 
+std::optional<Allocator> find_cxx_aligned_new(const elf::ElfFile& elf, const DetectOptions& opts,
+                                              std::string* why_not) {
+  static const char* const kSymbols[] = {"_ZnwmSt11align_val_t", "_ZnamSt11align_val_t",
+                                         "_ZnwmSt11align_val_tRKSt9nothrow_t",
+                                         "_ZnamSt11align_val_tRKSt9nothrow_t"};
+  auto no = [&](std::string why) -> std::optional<Allocator> {
+    if (why_not) *why_not = std::move(why);
+    return std::nullopt;
+  };
+  if (!probeable(elf, kSymbols[0])) return no("no aligned operator new (_ZnwmSt11align_val_t)");
+  if (!elf.imports("aligned_alloc") && !probeable(elf, "aligned_alloc"))
+    return no("its aligned operator new does not call aligned_alloc (posix_memalign: the size is passed on unchanged)");
+  Allocator a;
+  a.family = Family::kCxx;
+  std::map<uint64_t, std::string> first_at;
+  for (const char* name : kSymbols) {
+    auto s = probeable(elf, name);
+    if (!s) continue;
+    AllocatorSymbol as;
+    as.role = Role::kAlignedNew;
+    as.symbol = s->name;
+    as.vaddr = s->vaddr;
+    as.size = s->size;
+    as.file_offset = s->file_offset;
+    auto [it, fresh] = first_at.emplace(s->vaddr, s->name);
+    if (!fresh) {
+      as.alias_of = it->second;
+      for (const auto& prev : a.symbols)
+        if (prev.vaddr == s->vaddr) as.placement = prev.placement;
+    } else {
+      as.placement = place_function(elf, *s, needs_for(Role::kAlignedNew), opts.caps, opts.scan_object);
+    }
+    a.symbols.push_back(std::move(as));
+  }
+  return a;
+}
+
 std::string explain(const Allocator& a, const std::string& object_path) {
   std::ostringstream os;
-  os << object_path << ": " << family_name(a.family) << " allocator"
-     << (a.prefix.empty() ? "" : " (symbol prefix " + a.prefix + ")") << "\n";
+  if (a.family == Family::kCxx)
+    os << object_path << ": C++ aligned operator new (rounds the size up before aligned_alloc): entry probes "
+       << "only, for the size the program asked for (no return probe: a C++ exception thrown through one "
+       << "aborts the program)\n";
+  else
+    os << object_path << ": " << family_name(a.family) << " allocator"
+       << (a.prefix.empty() ? "" : " (symbol prefix " + a.prefix + ")") << "\n";
   for (const auto& s : a.symbols) {
     os << "  " << role_name(s.role) << "  " << s.symbol;
     if (!s.alias_of.empty()) {

@@ -24,16 +24,25 @@ enum class Role : uint32_t {
   kMemalign,
   kValloc,
   kPvalloc,
+  // C++ aligned operator new (new, new[] and their nothrow forms): an entry
+  // probe that leaves the size the program asked for to the aligned call it
+  // makes (bpf/memtrace.h MT_ROLE_ALIGNED_NEW). Not a malloc-family role:
+  // find_cxx_aligned_new finds its symbols.
+  kAlignedNew,
   kCount,
 };
 const char* role_name(Role r);  // "malloc", "calloc", ...
 // Arguments the memtrace BPF program reads for a role (free: ptr; calloc:
 // nmemb, size; posix_memalign: memptr, -, size; ...), plus [rsp] and rbp.
 Needs needs_for(Role r);
-// Every role but free has a return probe.
-inline bool has_return_probe(Role r) { return r != Role::kFree; }
+// Every role but free and aligned new has a return probe (aligned new: a C++
+// exception thrown through a uretprobe'd frame finds the kernel's trampoline
+// as its return address, no unwind info there, and calls std::terminate).
+inline bool has_return_probe(Role r) { return r != Role::kFree && r != Role::kAlignedNew; }
 
-enum class Family { kNone, kGlibc, kJemalloc, kTcmalloc, kMimalloc, kOther };
+// kCxx: not an allocator, a C++ runtime whose aligned operator new is probed
+// (find_cxx_aligned_new).
+enum class Family { kNone, kGlibc, kJemalloc, kTcmalloc, kMimalloc, kOther, kCxx };
 const char* family_name(Family f);
 
 struct AllocatorSymbol {
@@ -75,6 +84,20 @@ Family detect_family(const elf::ElfFile& elf);
 // family's prefix (je_, tc_, mi_), or exactly options.symbol_prefix when given.
 // nullopt if the object provides no malloc/free pair. IFUNC symbols are skipped.
 std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const DetectOptions& opts = {});
+
+// The C++ aligned operator new family of an object (libstdc++, libc++ or
+// libc++abi, or a program with one linked in): _ZnwmSt11align_val_t,
+// _ZnamSt11align_val_t and their nothrow_t forms, role kAlignedNew, family
+// kCxx. Only where that operator new rounds the size up before it calls the
+// allocator, which is what calling aligned_alloc means (C11 wants the size a
+// multiple of the alignment): the object must import or define
+// aligned_alloc. libstdc++ does (size rounded up to the alignment); Debian
+// 12's libc++abi (LLVM 14) calls posix_memalign with the size unchanged and
+// is left alone; newer libc++ rounds for aligned_alloc too. The plain
+// operator new passes the size on unchanged (0 becomes 1): not probed.
+// nullopt if there is nothing to probe; *why_not says why when given.
+std::optional<Allocator> find_cxx_aligned_new(const elf::ElfFile& elf, const DetectOptions& opts = {},
+                                              std::string* why_not = nullptr);
 
 // Offsets (from entry) in [1, len] of the function at vaddr that some rel32
 // jmp/call/jcc anywhere in the object's executable segments targets (byte

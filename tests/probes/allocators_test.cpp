@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <set>
+
 #include "elf/elf_file.h"
 #include "probes/allocators.h"
 #include "test_env.h"
@@ -48,8 +50,10 @@ TEST(Allocators, RoleNamesMatchTheBpfContract) {
   EXPECT_STREQ(role_name(Role::kMalloc), "malloc");
   EXPECT_STREQ(role_name(Role::kFree), "free");
   EXPECT_STREQ(role_name(Role::kPvalloc), "pvalloc");
-  EXPECT_EQ(static_cast<int>(Role::kCount), 10);
+  EXPECT_STREQ(role_name(Role::kAlignedNew), "aligned_new");
+  EXPECT_EQ(static_cast<int>(Role::kCount), 11);
   EXPECT_FALSE(has_return_probe(Role::kFree));
+  EXPECT_FALSE(has_return_probe(Role::kAlignedNew));
   EXPECT_TRUE(has_return_probe(Role::kReallocarray));
   EXPECT_EQ(needs_for(Role::kPosixMemalign).arg_mask, 0x5u);
 }
@@ -134,6 +138,49 @@ TEST(Allocators, Mimalloc) {
   ASSERT_TRUE(m);
   EXPECT_EQ(m->find(Role::kFree)->symbol, "mi_free");
   expect_sane(*m);
+}
+
+// libstdc++ is no allocator, but its aligned operator new rounds the size up
+// before aligned_alloc: its four forms get entry probes, on instructions the
+// kernel emulates (endbr64 is not one).
+TEST(Allocators, LibstdcxxAlignedNew) {
+  auto e = open_lib("/usr/lib/x86_64-linux-gnu/libstdc++.so.6");
+  if (!e) MEMTRACE_SKIP_OR_FAIL("no libstdc++");
+  EXPECT_FALSE(find_allocator_symbols(*e, opts()));
+  EXPECT_TRUE(e->imports("aligned_alloc"));
+  auto a = find_cxx_aligned_new(*e, opts());
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->family, Family::kCxx);
+  std::set<std::string> names;
+  for (const auto& s : a->symbols) {
+    EXPECT_EQ(s.role, Role::kAlignedNew);
+    EXPECT_TRUE(s.alias_of.empty()) << s.symbol;
+    names.insert(s.symbol);
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"_ZnwmSt11align_val_t", "_ZnamSt11align_val_t",
+                                          "_ZnwmSt11align_val_tRKSt9nothrow_t",
+                                          "_ZnamSt11align_val_tRKSt9nothrow_t"}));
+  expect_sane(*a);
+  for (const auto& s : a->symbols) EXPECT_GT(s.placement.offset, 0u) << s.symbol << describe(s.placement);
+  std::string text = explain(*a, "/usr/lib/x86_64-linux-gnu/libstdc++.so.6");
+  EXPECT_NE(text.find("C++ aligned operator new"), std::string::npos) << text;
+  EXPECT_NE(text.find("aligned_new  _ZnwmSt11align_val_t"), std::string::npos) << text;
+  // glibc has no operator new.
+  auto c = open_lib("/lib/x86_64-linux-gnu/libc.so.6");
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(find_cxx_aligned_new(*c, opts()));
+}
+
+// LLVM 14's libc++abi (Debian 12; it defines libc++'s operator new) calls
+// posix_memalign with the size unchanged: nothing to probe there.
+TEST(Allocators, LibcxxabiAlignedNewDoesNotRound) {
+  auto e = open_lib("/usr/lib/llvm-14/lib/libc++abi.so.1");
+  if (!e) MEMTRACE_SKIP_OR_FAIL("libc++abi1-14 not installed (scripts/deps.txt)");
+  ASSERT_TRUE(e->find_function("_ZnwmSt11align_val_t"));
+  EXPECT_TRUE(e->imports("posix_memalign"));
+  std::string why;
+  EXPECT_FALSE(find_cxx_aligned_new(*e, opts(), &why));
+  EXPECT_NE(why.find("aligned_alloc"), std::string::npos) << why;
 }
 
 TEST(Allocators, IncomingBranchScanFindsCallsIntoTheMiddle) {
