@@ -21,16 +21,18 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
 namespace memtrace::loader {
 
+static_assert(MT_ROLE_COUNT == static_cast<int>(probes::Role::kCount) &&
+                  MT_ROLE_ALIGNED_NEW == static_cast<int>(probes::Role::kAlignedNew),
+              "probes::Role and bpf/memtrace.h's mt_role agree");
+
 const char* role_name(uint32_t role) {
-  static const char* names[] = {"malloc",         "calloc",        "realloc",  "reallocarray",
-                                "free",           "posix_memalign", "aligned_alloc",
-                                "memalign",       "valloc",        "pvalloc"};
-  return role < MT_ROLE_COUNT ? names[role] : "?";
+  return probes::role_name(static_cast<probes::Role>(role));
 }
 
 ProbeSet& ProbeSet::operator=(ProbeSet&& o) noexcept {
@@ -202,13 +204,8 @@ Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, c
   probes::DetectOptions dopt;
   dopt.symbol_prefix = choice_.prefix;
   std::unique_ptr<AllocatorObject> obj;
-  if (auto a = probes::find_allocator_symbols(*elf, dopt)) {
-    obj = std::make_unique<AllocatorObject>();
-    obj->path = m.path;
-    obj->dev = key.first;
-    obj->inode = key.second;
-    obj->family = probes::family_name(a->family);
-    for (const auto& sym : a->symbols) {
+  auto add_sites = [](AllocatorObject& o, const probes::Allocator& a) {
+    for (const auto& sym : a.symbols) {
       ProbeSite site;
       site.role = static_cast<uint32_t>(sym.role);
       site.symbol = sym.symbol;
@@ -217,9 +214,30 @@ Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, c
       site.placement = sym.placement;
       site.retprobe = probes::has_return_probe(sym.role);
       site.alias_of = sym.alias_of;
-      obj->sites.push_back(std::move(site));
+      o.sites.push_back(std::move(site));
     }
+  };
+  auto make = [&] {
+    obj = std::make_unique<AllocatorObject>();
+    obj->path = m.path;
+    obj->dev = key.first;
+    obj->inode = key.second;
+  };
+  if (auto a = probes::find_allocator_symbols(*elf, dopt)) {
+    make();
+    obj->family = probes::family_name(a->family);
+    add_sites(*obj, *a);
     obj->alloc = std::move(*a);
+  }
+  // libstdc++ rounds the size of an aligned new up before aligned_alloc: the
+  // size the program asked for is its operator new's argument.
+  if (auto c = probes::find_cxx_aligned_new(*elf, dopt)) {
+    if (!obj) {
+      make();
+      obj->family = probes::family_name(probes::Family::kCxx);
+    }
+    add_sites(*obj, *c);
+    obj->cxx = std::move(*c);
   }
   const AllocatorObject* raw = obj.get();
   objects_[key] = std::move(obj);
@@ -227,9 +245,23 @@ Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, c
 }
 
 Result<const AllocatorObject*> Attacher::object_at(pid_t pid, const MapEntry& m) {
-  if (!m.exec() || !m.file() || m.path.find("/ld-linux") != std::string::npos || !object_matches(m.path))
+  if (!m.exec() || !m.file() || m.path.find("/ld-linux") != std::string::npos)
     return static_cast<const AllocatorObject*>(nullptr);
-  return analyze(openable_path(pid, m), m);
+  auto r = analyze(openable_path(pid, m), m);
+  if (r && *r && (*r)->allocator() && !object_matches(m.path)) return static_cast<const AllocatorObject*>(nullptr);
+  return r;
+}
+
+std::vector<std::pair<const AllocatorObject*, MapEntry>> Attacher::cxx_runtimes(pid_t pid,
+                                                                                const std::vector<MapEntry>& maps) {
+  std::vector<std::pair<const AllocatorObject*, MapEntry>> out;
+  std::set<std::pair<uint64_t, uint64_t>> seen;
+  for (const MapEntry& m : maps) {
+    if (!m.exec() || !m.file() || !seen.insert({m.dev, m.inode}).second) continue;
+    auto r = object_at(pid, m);
+    if (r && *r && !(*r)->allocator()) out.emplace_back(*r, m);
+  }
+  return out;
 }
 
 bool Attacher::object_matches(const std::string& path) const {
@@ -263,7 +295,7 @@ Result<const AllocatorObject*> Attacher::find_allocator(pid_t pid, const std::ve
       last_err = r.error().message;
       continue;
     }
-    if (!*r) continue;
+    if (!*r || !(*r)->allocator()) continue;  // nothing, or only a C++ runtime (cxx_runtimes)
     if (!choice_.object.empty() || choice_.prefix) {
       // Named by the user: the first object that matches is the allocator.
       if (where) *where = m;
@@ -492,7 +524,8 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
 
 std::string Attacher::explain(const AllocatorObject& obj) {
   std::ostringstream os;
-  os << probes::explain(obj.alloc, obj.path);
+  if (obj.allocator()) os << probes::explain(obj.alloc, obj.path);
+  if (obj.cxx) os << probes::explain(*obj.cxx, obj.path);
   for (const auto& s : obj.sites)
     if (s.retprobe && s.alias_of.empty())
       os << "  " << s.symbol << " return probe at +" << probes::return_probe_offset(s.placement)

@@ -31,13 +31,17 @@ struct ProbeSite {
   std::string alias_of;  // another role's symbol at the same address: not attached twice
 };
 
-// An object (ELF file) that provides an allocator, analysed once per run.
+// An object (ELF file) that provides an allocator, or a C++ runtime whose
+// aligned operator new is probed (family "c++"), or both (a static
+// program); analysed once per run.
 struct AllocatorObject {
   std::string path;  // as in /proc/PID/maps
   uint64_t dev = 0, inode = 0;
-  std::string family;  // "glibc", "jemalloc", ...
+  std::string family;  // "glibc", "jemalloc", ..., "c++" (no allocator, only cxx)
   probes::Allocator alloc;  // symbols and placements (for --explain-probes)
-  std::vector<ProbeSite> sites;
+  std::optional<probes::Allocator> cxx;  // aligned operator new (probes::find_cxx_aligned_new)
+  std::vector<ProbeSite> sites;  // alloc's, then cxx's
+  bool allocator() const { return family != "c++"; }
 };
 
 // bcc memleak's -O / -S: which object provides the allocator, and the prefix
@@ -115,8 +119,14 @@ class Attacher {
                                                 MapEntry* where);
 
   // The allocator an executable file mapping provides, if any (analysed once
-  // per file). For a second allocator mapped after the first (dlopen).
+  // per file). For a second allocator mapped after the first (dlopen), or a
+  // C++ runtime (family "c++", whatever -O names).
   Result<const AllocatorObject*> object_at(pid_t pid, const MapEntry& m);
+
+  // The C++ runtimes among a process's mappings whose aligned operator new
+  // gets probes of its own (objects that are only that: a static program's
+  // comes with its allocator), one entry per file, whatever -O/-S name.
+  std::vector<std::pair<const AllocatorObject*, MapEntry>> cxx_runtimes(pid_t pid, const std::vector<MapEntry>& maps);
 
   // Attach every probe of obj for pid (-1: every process that maps it).
   // image: the process's image (mt_target.image), carried in every cookie

@@ -421,6 +421,19 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
   attach_count_++;
   p.probes = std::move(*set);
   p.attached = true;
+  // A C++ runtime whose aligned operator new rounds the size up before
+  // aligned_alloc (libstdc++): entry probes there for the size the program
+  // asked for. Mapped later (dlopen): attach_more_allocators.
+  for (const auto& [cxx, m] : attacher_->cxx_runtimes(pid, *maps)) {
+    if (o_.explain_probes) std::cerr << Attacher::explain(*cxx);
+    auto more = attacher_->attach(*cxx, pid, openable_path(pid, m), image_of(pid));
+    if (!more) {
+      errors_.push_back(more.error().message);
+      attach_failures_++;
+      continue;
+    }
+    p.probes.absorb(std::move(*more));
+  }
   // The files already mapped are settled: a later mapping of a new file may
   // bring a second allocator (attach_more_allocators).
   for (const auto& m : *maps)
@@ -490,6 +503,16 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
     if (exec_id) resolver_.exec(pid, exec_id, &*maps);
     else resolver_.capture(pid, &*maps);
     unwind_add(pid);
+    // C++ runtimes (libstdc++'s aligned operator new), once per file.
+    for (const auto& [cxx, m] : attacher_->cxx_runtimes(pid, *maps)) {
+      auto ckey = std::make_pair(cxx->dev, cxx->inode);
+      if (system_probes_.count(ckey)) continue;
+      if (o_.explain_probes) std::cerr << Attacher::explain(*cxx);
+      auto set = attacher_->attach(*cxx, -1, openable_path(pid, m));
+      if (!set) errors_.push_back(set.error().message);
+      else log("attached system-wide to " + m.path);
+      system_probes_[ckey] = set ? std::move(*set) : ProbeSet();
+    }
     MapEntry where;
     auto obj = attacher_->find_allocator(pid, *maps, &where);
     if (!obj || !*obj) continue;
