@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Tests that need what the VM does not carry (valgrind: hundreds of MB, and
 # minutes under TCG). Everything else of the integration and fault suites runs.
-EXCLUDE = ["Tracing.AgreesWithValgrindOnSqlite"]
+EXCLUDE = ["Tracing.AgreesWithValgrindOnSqlite", "Tracing.CxxAlignedNewAgreesWithValgrind"]
 
 SUITES = [  # (binary in the build tree, gtest filter)
     ("tests/loader/loader_integration_test", "*"),
@@ -49,6 +49,7 @@ TARGETS = [  # build-tree files the tests run, besides the suites
     "tests/targets/no_allocator",
     "tests/targets/demo_target",
     "tests/targets/dlopen_alloc",
+    "tests/targets/cxx_new",
     "tests/faults/fault_target",
     "tests/faults/fault_other",
     "tests/unwind/targets/unwind_target",
