@@ -186,6 +186,14 @@ std::optional<Allocator> find_cxx_aligned_new(const elf::ElfFile& elf, const Det
     return std::nullopt;
   };
   if (!probeable(elf, kSymbols[0])) return no("no aligned operator new (_ZnwmSt11align_val_t)");
+  switch (detect_family(elf)) {
+    case Family::kJemalloc:  // passes the size to aligned_alloc unchanged
+    case Family::kTcmalloc:  // allocate internally: neither calls a probed
+    case Family::kMimalloc:  // entry point with the size rounded
+      return no("an allocator's own operator new (" + std::string(family_name(detect_family(elf))) +
+                "): it does not round the size for aligned_alloc");
+    default: break;
+  }
   if (!elf.imports("aligned_alloc") && !probeable(elf, "aligned_alloc"))
     return no("its aligned operator new does not call aligned_alloc (posix_memalign: the size is passed on unchanged)");
   Allocator a;

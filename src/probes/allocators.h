@@ -93,7 +93,9 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
 // multiple of the alignment): the object must import or define
 // aligned_alloc. libstdc++ does (size rounded up to the alignment); Debian
 // 12's libc++abi (LLVM 14) calls posix_memalign with the size unchanged and
-// is left alone; newer libc++ rounds for aligned_alloc too. The plain
+// is left alone; newer libc++ rounds for aligned_alloc too. jemalloc,
+// tcmalloc and mimalloc define their own aligned operator new, which does not
+// round the size for aligned_alloc: left alone too. The plain
 // operator new passes the size on unchanged (0 becomes 1): not probed.
 // nullopt if there is nothing to probe; *why_not says why when given.
 std::optional<Allocator> find_cxx_aligned_new(const elf::ElfFile& elf, const DetectOptions& opts = {},

@@ -106,6 +106,9 @@ TEST(Allocators, Jemalloc) {
   EXPECT_TRUE(a->find(Role::kCalloc));
   EXPECT_TRUE(a->find(Role::kAlignedAlloc));
   expect_sane(*a);
+  // Its own aligned operator new passes the size on unchanged: no C++ probes.
+  EXPECT_TRUE(e->find_function("_ZnwmSt11align_val_t"));
+  EXPECT_FALSE(find_cxx_aligned_new(*e, opts()));
 }
 
 TEST(Allocators, Tcmalloc) {
@@ -124,6 +127,7 @@ TEST(Allocators, Tcmalloc) {
   ASSERT_TRUE(t);
   EXPECT_EQ(t->find(Role::kMalloc)->symbol, "tc_malloc");
   EXPECT_EQ(t->find(Role::kMalloc)->vaddr, a->find(Role::kMalloc)->vaddr);
+  EXPECT_FALSE(find_cxx_aligned_new(*e, opts()));
 }
 
 TEST(Allocators, Mimalloc) {
@@ -138,6 +142,7 @@ TEST(Allocators, Mimalloc) {
   ASSERT_TRUE(m);
   EXPECT_EQ(m->find(Role::kFree)->symbol, "mi_free");
   expect_sane(*m);
+  EXPECT_FALSE(find_cxx_aligned_new(*e, opts()));
 }
 
 // libstdc++ is no allocator, but its aligned operator new rounds the size up
