@@ -277,15 +277,14 @@ void HeapModel::merge_into(Process& g, Process& img) {
   g.merged++;
 }
 
-void HeapModel::retire(pid_t pid, bool keep_idle) {
+bool HeapModel::retire(pid_t pid, bool keep_idle) {
   auto it = procs_.find(pid);
-  if (it == procs_.end()) return;
+  if (it == procs_.end() || !it->second->exited) return false;
   std::unique_ptr<Process> p = std::move(it->second);
   procs_.erase(it);
   last_ = nullptr;
-  p->exited = true;
-  if (p->prelude || !(active(*p) || keep_idle)) return;
-  ended(std::move(p));
+  if (!p->prelude && (active(*p) || keep_idle)) ended(std::move(p));
+  return true;
 }
 
 std::vector<uint64_t> HeapModel::collect_stacks() {

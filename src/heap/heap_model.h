@@ -317,9 +317,10 @@ class HeapModel {
   // oldest image of the command name with the most ended images is merged
   // into that name's merged entry (sums; the largest member's peak).
   void set_image_cap(size_t n) { image_cap_ = n; }
-  // pid exited and every record of it was applied: its image ends now (kept
-  // for the reports if it did anything, or keep_idle).
-  void retire(pid_t pid, bool keep_idle);
+  // pid exited (on_exit) and every record of it was applied: its image ends
+  // now (kept for the reports if it did anything, or keep_idle). false: pid's
+  // current image is not one that exited (a new process has the pid now).
+  bool retire(pid_t pid, bool keep_idle);
   // Raw stacks that no unsealed image refers to are dropped: their ids are
   // returned, for the loader to make BPF send them again when they recur.
   // A dropped stack stays reachable until the next call (records queued

@@ -367,13 +367,24 @@ void Tracer::forget_stopped(pid_t pid) {
 }
 
 void Tracer::process_gone(pid_t pid, int exit_code) {
-  // Its records queued before the exit first: the image is complete after them.
-  drain_events();
   model_.on_exit(pid, exit_code);
   // The launched program stays current: its waitpid status is the report's.
   if (launcher_ && pid == launcher_->pid()) return;
-  model_.retire(pid, !system_wide_);
-  resolver_.forget(pid);
+  // Its records are in the events ring before the producer's position now:
+  // it retires once the drain is past that (retire_exited), not sooner (its
+  // last records would land in no image) and with no extra drain here.
+  uint64_t until = ring_pos_[1] ? __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) : 0;
+  exited_.emplace_back(until, pid);
+  retire_exited();
+}
+
+void Tracer::retire_exited() {
+  uint64_t done = ring_pos_[0] ? __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE) : ~uint64_t{0};
+  while (!exited_.empty() && exited_.front().first <= done) {
+    pid_t pid = exited_.front().second;
+    exited_.pop_front();
+    if (model_.retire(pid, !system_wide_)) resolver_.forget(pid);  // else: a new process has the pid
+  }
 }
 
 void Tracer::collect_stacks() {
@@ -738,6 +749,10 @@ report::Drops Tracer::drops() {
     d.stats["model_stack_entries"] = stack_entries;
     d.stats["model_mappings"] = maps;
     d.stats["model_stacks"] = model_.stack_count();
+    d.stats["model_sealed_stacks"] = model_.sealed_stack_count();
+    d.stats["model_merged_images"] = model_.merged_images();
+    d.stats["model_stacks_collected"] = stacks_collected_;
+    d.stats["resolver_processes"] = resolver_.spaces();
   }
   if (o_.faults) d.stats["faults_before_exec"] = model_.faults_before_exec();
   if (traced_seconds_ >= 0) d.stats["launched_traced_us"] = static_cast<uint64_t>(traced_seconds_ * 1e6);
@@ -761,10 +776,6 @@ report::Drops Tracer::drops() {
       if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.unwind_counters), &c, vals.data()) == 0)
         for (auto v : vals) sum += v;
       d.stats["unwind_debug_" + std::to_string(c - MT_UC_COUNT)] = sum;
-    d.stats["model_sealed_stacks"] = model_.sealed_stack_count();
-    d.stats["model_merged_images"] = model_.merged_images();
-    d.stats["model_stacks_collected"] = stacks_collected_;
-    d.stats["resolver_processes"] = resolver_.spaces();
     }
     auto us = unwind_->stats();
     d.stats["unwind_table_bytes"] = us.map_bytes;
@@ -1084,6 +1095,10 @@ int Tracer::run() {
       return 2;
     }
   }
+  // Images that end are sealed, and merged past --max-images (heap_model.h):
+  // the model's memory follows live blocks and call paths, not processes.
+  model_.set_locator(resolver_.locator(), o_.features.live || o_.features.dump_bytes);
+  model_.set_image_cap(o_.max_images);
   if (auto r = setup_targets(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";
     // Whatever was captured so far is still reported.
@@ -1132,12 +1147,9 @@ int Tracer::run() {
     if (o_.faults) ring_buffer__consume(rb_events_);
     if (n < 0 && n != -EINTR) {
       errors_.push_back(std::string("ring buffer poll: ") + strerror(-n));
-  // Images that end are sealed, and merged past --max-images (heap_model.h):
-  // the model's memory follows live blocks and call paths, not processes.
-  model_.set_locator(resolver_.locator(), o_.features.live || o_.features.dump_bytes);
-  model_.set_image_cap(o_.max_images);
       break;
     }
+    retire_exited();
     if (model_.stack_count() >= stacks_gc_at_) collect_stacks();
     auto now = std::chrono::steady_clock::now();
     if (launcher_) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -103,8 +104,11 @@ class Tracer {
   void read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id);
   // Every so often: raw stacks of ended images dropped, and BPF told to send them again.
   void collect_stacks();
-  // pid exited: its last records applied, its image sealed, its mappings forgotten.
+  // pid exited: once its last records are applied (retire_exited), its image
+  // is sealed and its mappings forgotten.
   void process_gone(pid_t pid, int exit_code);
+  void retire_exited();
+  std::deque<std::pair<uint64_t, pid_t>> exited_;  // (events ring producer position at the exit, pid)
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   void report_final(int exit_code);
   report::Drops drops();
@@ -136,11 +140,11 @@ class Tracer {
   void unwind_add(pid_t pid);
   heap::HeapModel model_;
   Resolver resolver_;
+  size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks
+  uint64_t stacks_collected_ = 0;          // dropped by collect_stacks() in all
   std::map<pid_t, Proc> procs_;
   std::map<std::pair<uint64_t, uint64_t>, ProbeSet> system_probes_;  // system-wide mode
   std::pair<uint64_t, uint64_t> self_exe_{0, 0};  // (dev, inode) of our own binary: never probed system-wide
-  size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks
-  uint64_t stacks_collected_ = 0;          // dropped by collect_stacks() in all
   std::set<pid_t> stopped_;  // processes BPF stopped that we must resume
   std::optional<Guardian> guardian_;  // resumes them if this process dies first (run() only)
   void forget_stopped(pid_t pid);     // and the BPF map's entry for it
