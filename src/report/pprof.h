@@ -8,6 +8,8 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "common/result.h"
 #include "report/outputs.h"
@@ -20,6 +22,12 @@ struct PprofOptions {
   std::function<std::string(const std::string& module)> build_id;
   int64_t time_nanos = 0;      // when the profile was taken (CLOCK_REALTIME)
   int64_t duration_nanos = 0;  // how long the trace ran
+  // Continuous profiles (--pprof-dir): only this image (null: every image),
+  // and by stack id the (allocations, bytes) to subtract from each stack's
+  // alloc counts, those of the previous file (alloc_* are then the
+  // allocations since it; a count below its base restarted: console clear).
+  const heap::Process* only = nullptr;
+  const std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>>* alloc_base = nullptr;
 };
 
 // The profile, not compressed (tests decode it).
