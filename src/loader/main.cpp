@@ -105,6 +105,16 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-max-processes", o.metrics_max_processes,
                  "Processes with series of their own in --metrics (default 200); the rest are summed into "
                  "pid=\"other\"");
+  app.add_option("--pprof-dir", o.pprof_dir.dir,
+                 "Write a pprof (COMM-PID-TIME.pb.gz) per traced process into DIR every --pprof-every seconds and "
+                 "at the end, for Pyroscope or Parca (DIR is created if missing)");
+  auto* pprof_every = app.add_option("--pprof-every", o.pprof_dir.every,
+                                     "Seconds between two --pprof-dir files of a process (default 10)")
+                          ->check(CLI::Range(0.1, 86400.0));
+  auto* pprof_keep = app.add_option("--pprof-keep", o.pprof_dir.keep,
+                                    "Rounds of --pprof-dir files kept (default 10: a process's 10 newest); older "
+                                    "files this run wrote are removed")
+                         ->check(CLI::Range(size_t(1), size_t(1000000)));
   app.add_option("command", o.command, "Program and arguments to launch (after --)");
   try {
     app.parse(argc, argv);
@@ -112,6 +122,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   o.stacks = !no_stacks;
+  if (o.pprof_dir.dir.empty() && (pprof_every->count() || pprof_keep->count())) {
+    std::cerr << "memtrace-bpf: --pprof-every and --pprof-keep are for --pprof-dir DIR\n";
+    return 2;
+  }
   // Before anything is traced: a bad -o costs nothing (report/outputs.h).
   if (auto bad = memtrace::loader::plan_output_options(outputs, format, folded_value, o.outputs, o.format,
                                                        o.folded_value);

@@ -808,6 +808,7 @@ report::Drops Tracer::drops() {
   // Per-process probe attach (uprobe_multi links, or one perf event per probe).
   d.stats["attach_processes"] = attach_count_;
   d.stats["attach_us"] = attach_us_;
+  if (pprof_dir_) pprof_dir_->add_stats(d.stats);
   return d;
 }
 
@@ -964,6 +965,16 @@ nlohmann::json Tracer::kernel_json() const {
           {"fault_vma_check", o_.faults && full_bpf_}};
 }
 
+void Tracer::log_pprof_round(const PprofDir::RoundStats& rs) {
+  char b[256];
+  snprintf(b, sizeof b,
+           "pprof-dir: %llu files, %llu bytes in %.1f ms (profiles %.1f ms, gzip %.1f ms, write %.1f ms, "
+           "draining in between %.1f ms)",
+           (unsigned long long)rs.files, (unsigned long long)rs.bytes, rs.us / 1e3, rs.profile_us / 1e3,
+           rs.gzip_us / 1e3, rs.write_us / 1e3, rs.between_us / 1e3);
+  log(b);
+}
+
 void Tracer::report_final(int exit_code) {
   // Mark the launched program's status (from waitpid: exact).
   if (launcher_ && child_status_) model_.on_exit(launcher_->pid(), *child_status_);
@@ -977,6 +988,11 @@ void Tracer::report_final(int exit_code) {
   ro.at_exit = true;
   ro.include_idle = !system_wide_;
   resolver_.allow_debuginfod();  // a process the user named is reported even if quiet
+  if (pprof_dir_) {  // every image's last file, from the final model (its in-use totals are the report's)
+    auto rs = pprof_dir_->round(model_, resolver_.fn(), ro, true);
+    if (o_.verbose) log_pprof_round(rs);
+    errors_.insert(errors_.end(), pprof_dir_->errors().begin(), pprof_dir_->errors().end());
+  }
   auto d = drops();
   if (feat_) feat_->finish(d, errors_);
   // Text and JSON: the primary output, then any further text/JSON file;
@@ -1061,6 +1077,14 @@ int Tracer::run() {
     }
     metrics_ = std::move(*m);
   }
+  if (!o_.pprof_dir.dir.empty()) {  // created and tried before anything is traced, like the files
+    auto d = PprofDir::open(o_.pprof_dir);
+    if (!d) {
+      std::cerr << "memtrace-bpf: " << d.error().message << "\n";
+      return 2;
+    }
+    pprof_dir_ = std::move(*d);
+  }
   if (geteuid() != 0) {
     std::cerr << "memtrace-bpf: must run as root (BPF programs and uprobes need CAP_SYS_ADMIN/CAP_BPF)\n";
     return 2;
@@ -1137,6 +1161,9 @@ int Tracer::run() {
   }
   auto start = std::chrono::steady_clock::now();
   auto next_tick = start + std::chrono::duration<double>(o_.interval);
+  auto pprof_every = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(o_.pprof_dir.every));
+  auto next_profiles = start + pprof_every;
   int exit_code = 0;
   while (!g_stop) {
     int n = poll(50);
@@ -1174,6 +1201,17 @@ int Tracer::run() {
       for (const auto& [pid, p] : model_.processes())
         if (p->s.allocs || p->s.in_use_blocks) report::write_summary_text(out(), *p, false);
       out().flush();
+    }
+    if (pprof_dir_ && now >= next_profiles) {  // --pprof-dir: as --interval, between two drains
+      consume();
+      report::Options ro;
+      ro.include_idle = !system_wide_;
+      auto rs = pprof_dir_->round(model_, resolver_.fn(), ro, false, [this] { consume(); });
+      if (o_.verbose) log_pprof_round(rs);
+      // A round longer than S skips the ticks it overran (no burst of rounds).
+      auto after = std::chrono::steady_clock::now();
+      do next_profiles += pprof_every;
+      while (next_profiles <= after);
     }
   }
   if (g_stop && launcher_) {

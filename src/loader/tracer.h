@@ -22,6 +22,7 @@
 #include "loader/features.h"
 #include "loader/guardian.h"
 #include "loader/launcher.h"
+#include "loader/pprof_dir.h"
 #include "loader/resolver.h"
 #include "report/outputs.h"
 #include "report/report.h"
@@ -66,6 +67,7 @@ struct Options {
   FeatureOptions features;           // --console --trace --live --dump-bytes --record (features.h)
   std::string metrics;               // --metrics ADDR:PORT (metrics/exporter.h)
   size_t metrics_max_processes = 200;  // --metrics-max-processes
+  PprofDirOptions pprof_dir;         // --pprof-dir DIR (empty: off), --pprof-every, --pprof-keep (pprof_dir.h)
 };
 
 class Tracer {
@@ -111,6 +113,7 @@ class Tracer {
   std::deque<std::pair<uint64_t, pid_t>> exited_;  // (events ring producer position at the exit, pid)
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   void report_final(int exit_code);
+  void log_pprof_round(const PprofDir::RoundStats& rs);  // -v
   report::Drops drops();
   std::ostream& out();
   void detach_probes();  // run()'s end and teardown()
@@ -175,6 +178,7 @@ class Tracer {
   nlohmann::json rearm_report_;
   std::unique_ptr<Features> feat_;  // features.h: null unless one is asked for
   std::unique_ptr<metrics::Exporter> metrics_;  // --metrics
+  std::unique_ptr<PprofDir> pprof_dir_;         // --pprof-dir
 };
 
 }  // namespace memtrace::loader
