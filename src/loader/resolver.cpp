@@ -92,6 +92,13 @@ void Resolver::inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapp
   capture(child, maps);
 }
 
+void Resolver::forked(pid_t parent, pid_t child) {
+  auto node = std::make_shared<SpaceNode>();
+  if (auto it = images_.find(parent); it != images_.end() && !it->second.empty())
+    node->parent = it->second.back().node;
+  images_[child] = {Image{0, std::move(node)}};
+}
+
 void Resolver::forget(pid_t pid) { images_.erase(pid); }
 
 const SpaceNode* Resolver::node_of(const heap::Process& p) const {

@@ -42,6 +42,9 @@ class Resolver {
   void capture(pid_t pid, const std::vector<procfs::Mapping>* maps = nullptr);
   // A child starts with its parent's mappings (captured now).
   void inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapping>* maps = nullptr);
+  // The same without a read (system-wide: a fork is not stopped, the child
+  // may be gone already): until it execs, its addresses are its parent's.
+  void forked(pid_t parent, pid_t child);
   // pid exec'd (exec_id: the exec's id, as heap::Process::exec_ts): a new
   // image, a new address space, captured now.
   void exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps = nullptr);

@@ -367,23 +367,29 @@ void Tracer::forget_stopped(pid_t pid) {
 }
 
 void Tracer::process_gone(pid_t pid, int exit_code) {
-  model_.on_exit(pid, exit_code);
   // The launched program stays current: its waitpid status is the report's.
-  if (launcher_ && pid == launcher_->pid()) return;
-  // Its records are in the events ring before the producer's position now:
-  // it retires once the drain is past that (retire_exited), not sooner (its
-  // last records would land in no image) and with no extra drain here.
+  if (launcher_ && pid == launcher_->pid()) {
+    model_.on_exit(pid, exit_code);
+    return;
+  }
+  // Its records are in the events ring before the producer's position now,
+  // and so is the fork that made it (system-wide, the events ring's
+  // MT_EV_FORK is the only one): it exits in the model, and retires, once
+  // the drain is past that position (retire_exited). Sooner, its last
+  // records would land in no image, and an exit applied before its fork
+  // made an image that never ended.
   uint64_t until = ring_pos_[1] ? __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) : 0;
-  exited_.emplace_back(until, pid);
+  exited_.push_back({until, pid, exit_code});
   retire_exited();
 }
 
-void Tracer::retire_exited() {
-  uint64_t done = ring_pos_[0] ? __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE) : ~uint64_t{0};
-  while (!exited_.empty() && exited_.front().first <= done) {
-    pid_t pid = exited_.front().second;
+void Tracer::retire_exited(bool all) {
+  uint64_t done = ring_pos_[0] && !all ? __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE) : ~uint64_t{0};
+  while (!exited_.empty() && exited_.front().until <= done) {
+    Exited x = exited_.front();
     exited_.pop_front();
-    if (model_.retire(pid, !system_wide_)) resolver_.forget(pid);  // else: a new process has the pid
+    model_.on_exit(x.pid, x.code);
+    if (model_.retire(x.pid, !system_wide_)) resolver_.forget(x.pid);
   }
 }
 
@@ -607,6 +613,9 @@ int Tracer::on_event(void* data, size_t len) {
       resolver_.capture(e->h.pid);
       unwind_add(e->h.pid);
     }
+    // System-wide, a fork has no lifecycle record: its child's addresses
+    // are its parent's until it execs (read then).
+    if (system_wide_ && e->h.kind == MT_EV_FORK) resolver_.forked(e->h.pid, static_cast<pid_t>(e->addr));
   }
   model_.apply(data, len);
   if (feat_) feat_->on_event(data, len);
@@ -976,6 +985,7 @@ void Tracer::log_pprof_round(const PprofDir::RoundStats& rs) {
 }
 
 void Tracer::report_final(int exit_code) {
+  retire_exited(true);  // exits still queued: their last records came with the final drain
   // Mark the launched program's status (from waitpid: exact).
   if (launcher_ && child_status_) model_.on_exit(launcher_->pid(), *child_status_);
   // System-wide: processes forked (not exec'd) since the start were never

@@ -54,8 +54,8 @@ struct Options {
   size_t ringbuf_mb = 64;
   int drain_nice = -10;              // system-wide: the drain thread's nice value (MEMTRACE_DRAIN_NICE)
   size_t unwind_mb = 512;  // cap on the unwind tables in the kernel
-  std::vector<std::string> symbol_dirs;
   size_t max_images = 256;  // ended images kept one by one (--max-images; heap_model.h set_image_cap)
+  std::vector<std::string> symbol_dirs;
   bool dwarf = true;
   bool explain_probes = false;
   bool verbose = false;
@@ -109,8 +109,13 @@ class Tracer {
   // pid exited: once its last records are applied (retire_exited), its image
   // is sealed and its mappings forgotten.
   void process_gone(pid_t pid, int exit_code);
-  void retire_exited();
-  std::deque<std::pair<uint64_t, pid_t>> exited_;  // (events ring producer position at the exit, pid)
+  void retire_exited(bool all = false);  // all: every queued exit (the rings are drained)
+  struct Exited {
+    uint64_t until;  // the events ring's producer position when its exit was read
+    pid_t pid;
+    int code;
+  };
+  std::deque<Exited> exited_;
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   void report_final(int exit_code);
   void log_pprof_round(const PprofDir::RoundStats& rs);  // -v
