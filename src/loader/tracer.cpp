@@ -806,6 +806,7 @@ report::Drops Tracer::drops() {
     for (std::string line; std::getline(st, line);) {
       if (line.rfind("VmRSS:", 0) == 0) d.stats["tool_rss_kb"] = std::stoull(line.substr(6));
       if (line.rfind("RssAnon:", 0) == 0) d.stats["tool_anon_kb"] = std::stoull(line.substr(8));
+      if (line.rfind("VmHWM:", 0) == 0) d.stats["tool_peak_rss_kb"] = std::stoull(line.substr(6));
     }
     if (skel_)
       d.stats["tool_rings_kb"] =
