@@ -16,6 +16,9 @@ untraced run and against floor(chosen):
   memtrace-compat memtrace-bpf -- CMD with MEMTRACE_BPF_VARIANT=compat: the BPF
                   object for kernels before 5.17 (5.10: frame-pointer stacks,
                   a hash for in-flight calls, one program per role)
+  memtrace-b      the memtrace row with another binary (--memtrace-b PATH):
+                  an A/B of two builds, interleaved; the paired ratio b/a is
+                  printed per workload
   heaptrack       heaptrack CMD (LD_PRELOAD + libunwind)
 
 Floor rows use the floor's own FLOOR_CHILD_SECONDS (release to exit: the
@@ -23,7 +26,19 @@ detach of its links is not the workload's cost); every other row is the wall
 time of the whole command as a user sees it.
 
   sudo bench/probe_cost.py [--repeat 5] [--build build] [--memtrace PATH]
-                           [--workloads W1,W2,W3] [--modes untraced,floor0,...]
+                           [--memtrace-b PATH] [--workloads W1,W2,W3,W4]
+                           [--modes untraced,floor0,...]
+
+--cpu: each cell is the workload's own CPU time (user + sys, from
+/usr/bin/time run inside the trace: uprobe traps and BPF programs run in the
+task's sys time) instead of its wall time; only the untraced and memtrace*
+modes (the floor does not follow /usr/bin/time's child). Wall times on a VM
+shared with other work moved by 2x from one repetition to the next; CPU
+times by a few percent.
+
+W4 (not in the default set): C++ sized and aligned new/delete,
+tests/targets/cxx_new, 100k rounds of 9 allocations (6 aligned new, whose
+libstdc++ operator gets an entry probe of its own: issue 17).
 """
 import argparse
 import json
@@ -39,6 +54,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
+MEMTRACE_B = None  # --memtrace-b
+CPU = False  # --cpu
 
 
 def workloads(build, tmp):
@@ -47,6 +64,11 @@ def workloads(build, tmp):
         w2 = os.path.join(tmp, "w2_malloc_loop")
         subprocess.run(["cc", "-O2", "-fno-builtin", "-o", w2,
                         os.path.join(HERE, "workloads/w2_malloc_loop.c")], check=True)
+    w4 = os.path.join(build, "tests/targets/cxx_new")
+    if not os.path.exists(w4):
+        w4 = os.path.join(tmp, "cxx_new")
+        subprocess.run(["g++", "-std=c++20", "-O0", "-g", "-fno-omit-frame-pointer", "-o", w4,
+                        os.path.join(ROOT, "tests/targets/cxx_new.cpp")], check=True)
     sql = os.path.join(tmp, "w3.sql")
     subprocess.run([PY, os.path.join(HERE, "workloads/w3_gen_sql.py"), sql], check=True)
     return {
@@ -56,10 +78,13 @@ def workloads(build, tmp):
                "PYTHONMALLOC=malloc python3 json round-trip of 50k dicts"),
         "W2": ([w2, "2000000"], "C malloc/free loop, 2M rounds"),
         "W3": (["sqlite3", ":memory:", ".read " + sql], "sqlite3: 60k inserts, index, 500 updates"),
+        "W4": ([w4, "--rounds", "100000"], "C++ sized and aligned new/delete, 100k rounds"),
     }
 
 
 def command(mode, cmd, floor_bin, memtrace_bin, tmp):
+    if CPU:
+        cmd = ["/usr/bin/time", "-f", "MT_CPU %U %S"] + cmd
     if mode == "untraced":
         return cmd
     if mode == "floor0":
@@ -69,6 +94,8 @@ def command(mode, cmd, floor_bin, memtrace_bin, tmp):
     rep = ["--format", "json", "-o", os.path.join(tmp, "report.json")]
     if mode == "memtrace":
         return [memtrace_bin] + rep + ["--"] + cmd
+    if mode == "memtrace-b":
+        return [MEMTRACE_B] + rep + ["--"] + cmd
     if mode == "memtrace-fp":
         return [memtrace_bin, "--unwind", "fp"] + rep + ["--"] + cmd
     if mode == "memtrace-nostk":
@@ -89,6 +116,11 @@ def run_once(argv, mode):
     wall = time.monotonic() - t0
     if p.returncode != 0:
         raise RuntimeError("%s exited %d: %s" % (" ".join(argv), p.returncode, p.stderr[-2000:]))
+    if CPU:
+        m = re.findall(r"MT_CPU ([0-9.]+) ([0-9.]+)", p.stderr)
+        if not m:
+            raise RuntimeError("no CPU time from " + " ".join(argv) + ": " + p.stderr[-2000:])
+        return float(m[-1][0]) + float(m[-1][1])
     if mode.startswith("floor"):
         m = re.search(r"FLOOR_CHILD_SECONDS=([0-9.]+)", p.stderr)
         if not m:
@@ -114,6 +146,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--floor", default=None, help="memtrace-floor binary (default BUILD/bench/floor/memtrace-floor)")
     ap.add_argument("--memtrace", default=os.path.join(ROOT, "build/src/loader/memtrace-bpf"))
+    ap.add_argument("--memtrace-b", default=None, help="a second memtrace-bpf for the memtrace-b mode (A/B)")
+    ap.add_argument("--cpu", action="store_true", help="the workload's user+sys time instead of its wall time")
     ap.add_argument("--workloads", default="W1,W2,W3")
     ap.add_argument("--modes", default="untraced,floor0,floor,memtrace,memtrace-fp,memtrace-nostk,heaptrack")
     a = ap.parse_args()
@@ -123,6 +157,15 @@ def main():
     if not os.path.exists(floor_bin):
         sys.exit("probe_cost: no %s (cmake --build %s --target memtrace-floor w2_malloc_loop)" % (floor_bin, a.build))
     modes = a.modes.split(",")
+    global MEMTRACE_B, CPU
+    MEMTRACE_B = a.memtrace_b
+    CPU = a.cpu
+    if CPU and any(m.startswith("floor") or m == "heaptrack" for m in modes):
+        sys.exit("probe_cost: --cpu measures only the untraced and memtrace* modes")
+    if a.memtrace_b and "memtrace-b" not in modes:
+        modes.append("memtrace-b")
+    if "memtrace-b" in modes and not (a.memtrace_b and os.path.exists(a.memtrace_b)):
+        sys.exit("probe_cost: memtrace-b needs --memtrace-b PATH")
     if not os.path.exists(a.memtrace):
         print("# %s not built: skipping memtrace rows" % a.memtrace)
         modes = [m for m in modes if not m.startswith("memtrace")]
@@ -131,7 +174,8 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="probe_cost.")
     wl = workloads(a.build, tmp)
-    print("# kernel %s, %d runs per cell, median seconds" % (os.uname().release, a.repeat))
+    print("# kernel %s, %d runs per cell, median %s seconds" % (os.uname().release, a.repeat,
+                                                                 "CPU (user+sys)" if CPU else "wall"))
     print("# reproduce: sudo %s --repeat %d" % (" ".join(sys.argv[:1]), a.repeat))
     results = {}
     for w in a.workloads.split(","):
@@ -165,6 +209,12 @@ def main():
     f0, fc = results.get(("W1", "floor0")), results.get(("W1", "floor"))
     if f0 and fc:
         print("\nW1 floor(chosen)/floor(offset 0) = %.3f (target <= 0.3)" % (fc / f0))
+    for w in a.workloads.split(","):
+        if (w, "memtrace", "runs") in results and (w, "memtrace-b", "runs") in results:
+            ar, br = results[(w, "memtrace", "runs")], results[(w, "memtrace-b", "runs")]
+            print("%s memtrace-b/memtrace = %.3f; paired, median of per-repetition ratios: %.3f" %
+                  (w, results[(w, "memtrace-b")] / results[(w, "memtrace")],
+                   statistics.median(y / x for x, y in zip(ar, br))))
     for w in ("W1", "W3"):
         m, fc = results.get((w, "memtrace")), results.get((w, "floor"))
         if m and fc:
