@@ -68,7 +68,9 @@ int main(int argc, char** argv) {
   std::string prefix;
   auto* prefix_opt = app.add_option("-S,--symbol-prefix", prefix,
                                     "Prefix of the allocator's symbols (e.g. je_ for je_malloc)");
-  app.add_option("--ringbuf-mb", o.ringbuf_mb, "Ring buffer size in MiB (default 64)");
+  app.add_option("--ringbuf-mb", o.ringbuf_mb,
+                 "Events ring buffer size in MiB (default 64 system-wide and with -c, 16 for a launched program "
+                 "or -p; a power of two)");
   app.add_option("--unwind-mb", o.unwind_mb,
                  "Cap on the unwind tables in the kernel, MiB (default 512); files past it unwind by frame pointers")
       ->check(CLI::Range(size_t(1), size_t(1) << 20));

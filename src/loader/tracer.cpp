@@ -236,8 +236,13 @@ Result<void> Tracer::load() {
   ro->ncomms = o_.comms.size();
   for (size_t i = 0; i < o_.comms.size(); i++)
     strncpy(const_cast<char*>(ro->comms[i]), o_.comms[i].c_str(), MT_COMM_LEN - 1);
+  // Sized to the work: a launched program or -p processes peak at a few
+  // MiB of backlog (W1, 1 M events/s: 2.5 MiB), system-wide and -c take
+  // whatever starts (a build: 10-28 MiB, bench/busy_host). The ring's pages
+  // count in the tool's RSS.
+  size_t want = o_.ringbuf_mb ? o_.ringbuf_mb : system_wide_ || !o_.comms.empty() ? 64 : 16;
   size_t rb = 1;
-  while (rb < o_.ringbuf_mb) rb <<= 1;
+  while (rb < want) rb <<= 1;
   bpf_map__set_max_entries(skel_->maps.events, rb << 20);
   ro->wakeup_bytes = (rb << 20) / 8;
 

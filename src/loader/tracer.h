@@ -51,7 +51,7 @@ struct Options {
   bool stacks = true;
   bool cfi = true;                   // --unwind cfi (default) | fp
   AllocatorChoice allocator;         // -O / -S
-  size_t ringbuf_mb = 64;
+  size_t ringbuf_mb = 0;             // events ring, MiB (0: 64 system-wide and -c, 16 else)
   int drain_nice = -10;              // system-wide: the drain thread's nice value (MEMTRACE_DRAIN_NICE)
   size_t unwind_mb = 512;  // cap on the unwind tables in the kernel
   size_t max_images = 256;  // ended images kept one by one (--max-images; heap_model.h set_image_cap)
