@@ -15,7 +15,7 @@ namespace {
 
 constexpr size_t kMaxIndexedFiles = 200'000;
 
-bool usable_debug(const ElfImage& d) { return d.has_dwarf() || d.has_symtab(); }
+bool usable_debug(const elf::Image& d) { return d.has_dwarf() || d.has_symtab(); }
 
 std::string join(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
@@ -51,26 +51,26 @@ DebugFinder::DebugFinder(const Options& opts)
       debuginfod_(opts.debuginfod),
       indexes_(opts.symbol_dirs.size()) {}
 
-std::unique_ptr<ElfImage> DebugFinder::try_build_id(const std::string& path, const std::string& build_id) {
+std::unique_ptr<elf::Image> DebugFinder::try_build_id(const std::string& path, const std::string& build_id) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return nullptr;
-  auto r = ElfImage::open_path(path);
+  auto r = elf::Image::open(path);
   if (!r) return nullptr;
   auto img = std::move(r).value();
   if (img->build_id() != build_id || !usable_debug(*img)) return nullptr;
   return img;
 }
 
-std::unique_ptr<ElfImage> DebugFinder::try_debuglink(const std::string& path, const ElfImage& main) {
+std::unique_ptr<elf::Image> DebugFinder::try_debuglink(const std::string& path, const elf::Image& main) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return nullptr;
-  auto r = ElfImage::open_path(path);
+  auto r = elf::Image::open(path);
   if (!r) return nullptr;
   auto img = std::move(r).value();
   if (!usable_debug(*img)) return nullptr;
   if (!main.build_id().empty() && !img->build_id().empty() && img->build_id() != main.build_id())
     return nullptr;
-  auto crc = file_crc32(img->fd());
+  auto crc = elf::file_crc32(img->fd());
   if (!crc || *crc != main.debuglink()->crc) return nullptr;
   return img;
 }
@@ -88,7 +88,7 @@ const std::unordered_map<std::string, std::string>& DebugFinder::dir_index(size_
     if (!it->is_regular_file(e2) || it->is_symlink(e2)) continue;
     std::string p = it->path().string();
     if (!looks_like_elf(p)) continue;
-    auto r = ElfImage::open_path(p);
+    auto r = elf::Image::open(p);
     if (!r || (*r)->build_id().empty() || !usable_debug(**r)) continue;
     // Prefer a .debug file (or anything with DWARF) over a plain binary.
     auto [pos, inserted] = idx.emplace((*r)->build_id(), p);
@@ -97,11 +97,11 @@ const std::unordered_map<std::string, std::string>& DebugFinder::dir_index(size_
   return idx;
 }
 
-std::unique_ptr<ElfImage> DebugFinder::find(const ElfImage& img, const std::string& dir,
+std::unique_ptr<elf::Image> DebugFinder::find(const elf::Image& img, const std::string& dir,
                                             const std::string& logical_dir) {
   const std::string& bid = img.build_id();
   if (!bid.empty()) {
-    std::string h = hex(bid);
+    std::string h = img.build_id_hex();
     std::string rel = ".build-id/" + h.substr(0, 2) + "/" + h.substr(2);
     for (size_t i = 0; i < symbol_dirs_.size(); ++i) {
       if (auto d = try_build_id(join(symbol_dirs_[i], rel + ".debug"), bid)) return d;
@@ -131,14 +131,14 @@ std::unique_ptr<ElfImage> DebugFinder::find(const ElfImage& img, const std::stri
   if (!deferred_ && would_ask_debuginfod(img)) {
     auto got = Debuginfod::get().find(bid, "debuginfo", img.path());
     if (got.fd.valid()) {
-      auto r = ElfImage::open_fd(std::move(got.fd), got.path);
+      auto r = elf::Image::open_fd(std::move(got.fd), got.path);
       if (r && (*r)->build_id() == bid && usable_debug(**r)) return std::move(r).value();
     }
   }
   return nullptr;
 }
 
-bool DebugFinder::would_ask_debuginfod(const ElfImage& img) const {
+bool DebugFinder::would_ask_debuginfod(const elf::Image& img) const {
   return !img.build_id().empty() && debuginfod_ && Debuginfod::get().active();
 }
 

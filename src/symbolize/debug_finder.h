@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "symbolize/elf_image.h"
+#include "elf/image.h"
 #include "symbolize/symbolize.h"
 
 namespace memtrace::symbolize {
@@ -23,16 +23,16 @@ class DebugFinder {
   // dir: directory of the module as this process can reach it now (for
   // debuglink; may be under /proc/PID/root); logical_dir: the directory as the
   // target saw it (for DEBUG_ROOT/DIR). Either may be "".
-  std::unique_ptr<ElfImage> find(const ElfImage& img, const std::string& dir,
+  std::unique_ptr<elf::Image> find(const elf::Image& img, const std::string& dir,
                                  const std::string& logical_dir);
   // While deferred, find() does not ask debuginfod; would_ask_debuginfod() says
   // whether it would have (the file has a build-id and debuginfod is on).
   void set_deferred(bool d) { deferred_ = d; }
-  bool would_ask_debuginfod(const ElfImage& img) const;
+  bool would_ask_debuginfod(const elf::Image& img) const;
 
  private:
-  std::unique_ptr<ElfImage> try_build_id(const std::string& path, const std::string& build_id);
-  std::unique_ptr<ElfImage> try_debuglink(const std::string& path, const ElfImage& img);
+  std::unique_ptr<elf::Image> try_build_id(const std::string& path, const std::string& build_id);
+  std::unique_ptr<elf::Image> try_debuglink(const std::string& path, const elf::Image& img);
   const std::unordered_map<std::string, std::string>& dir_index(size_t i);
 
   std::vector<std::string> symbol_dirs_;

@@ -16,7 +16,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "symbolize/elf_image.h"
+#include "common/hex.h"
 
 extern char** environ;
 
@@ -90,7 +90,7 @@ Debuginfod::Found Debuginfod::find(const std::string& build_id, const char* kind
   ++stats_.queries;
   const std::string k = std::strcmp(kind, "executable") == 0 ? "executable" : "debuginfo";
   const std::string noun = k == "executable" ? "executable" : "debug file";
-  const std::string about = noun + " of " + what + ", build-id " + hex(build_id);
+  const std::string about = noun + " of " + what + ", build-id " + hex_bytes(build_id);
   int stall_s = s_.stall_timeout_s;
   if (stall_s <= 0) {
     const char* t = std::getenv(DEBUGINFOD_TIMEOUT_ENV_VAR);
@@ -104,7 +104,7 @@ Debuginfod::Found Debuginfod::find(const std::string& build_id, const char* kind
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
-  std::string id = hex(build_id);
+  std::string id = hex_bytes(build_id);
   char* argv[] = {helper.data(), const_cast<char*>(k.c_str()), id.data(), nullptr};
   pid_t pid = -1;
   int rc = ::posix_spawn(&pid, helper.c_str(), &fa, nullptr, argv, environ);

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "symbolize/elf_image.h"
+#include "elf/image.h"
 
 namespace memtrace::symbolize {
 namespace {
@@ -53,7 +53,7 @@ DwarfIndex::~DwarfIndex() {
   if (dw_) dwarf_end(dw_);
 }
 
-std::unique_ptr<DwarfIndex> DwarfIndex::create(const ElfImage& img) {
+std::unique_ptr<DwarfIndex> DwarfIndex::create(const elf::Image& img) {
   if (!img.has_dwarf() || !img.compressed_sections_sane()) return nullptr;
   Dwarf* dw = dwarf_begin_elf(img.elf(), DWARF_C_READ, nullptr);
   if (!dw) return nullptr;

@@ -10,9 +10,11 @@
 #include <unordered_map>
 #include <vector>
 
-namespace memtrace::symbolize {
+namespace memtrace::elf {
+class Image;
+}  // namespace memtrace::elf
 
-class ElfImage;
+namespace memtrace::symbolize {
 
 struct DwarfFrame {
   std::string name;  // linkage name when there is one (mangled), else DW_AT_name; "" if none
@@ -26,7 +28,7 @@ struct DwarfFrame {
 class DwarfIndex {
  public:
   // nullptr when the image has no usable DWARF.
-  static std::unique_ptr<DwarfIndex> create(const ElfImage& img);
+  static std::unique_ptr<DwarfIndex> create(const elf::Image& img);
   ~DwarfIndex();
   DwarfIndex(const DwarfIndex&) = delete;
   DwarfIndex& operator=(const DwarfIndex&) = delete;

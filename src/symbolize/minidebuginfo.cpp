@@ -19,9 +19,9 @@ struct Stream {
 
 }  // namespace
 
-Result<std::unique_ptr<ElfImage>> open_minidebuginfo(const ElfImage& img) {
+Result<std::unique_ptr<elf::Image>> open_minidebuginfo(const elf::Image& img) {
   std::string_view in = img.gnu_debugdata();
-  if (in.empty()) return std::unique_ptr<ElfImage>();
+  if (in.empty()) return std::unique_ptr<elf::Image>();
   const std::string what = img.path() + ": .gnu_debugdata";
   Stream st;
   if (lzma_stream_decoder(&st.s, kMemLimit, 0) != LZMA_OK) return Error::msg(what + ": cannot start the xz decoder");
@@ -46,7 +46,7 @@ Result<std::unique_ptr<ElfImage>> open_minidebuginfo(const ElfImage& img) {
     return Error::msg(what + ": " + why);
   }
   out.resize(st.s.total_out);
-  auto mini = ElfImage::from_memory(std::move(out), img.path() + " [.gnu_debugdata]");
+  auto mini = elf::Image::from_memory(std::move(out), img.path() + " [.gnu_debugdata]");
   if (!mini) return Error::msg(what + ": " + mini.error().message);
   return std::move(mini).value();
 }

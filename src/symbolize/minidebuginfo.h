@@ -6,12 +6,12 @@
 #include <memory>
 
 #include "common/result.h"
-#include "symbolize/elf_image.h"
+#include "elf/image.h"
 
 namespace memtrace::symbolize {
 
 // The embedded ELF of img's .gnu_debugdata; nullptr when there is none.
 // An error names what was wrong with it (not xz, too large, not ELF).
-Result<std::unique_ptr<ElfImage>> open_minidebuginfo(const ElfImage& img);
+Result<std::unique_ptr<elf::Image>> open_minidebuginfo(const elf::Image& img);
 
 }  // namespace memtrace::symbolize

@@ -18,7 +18,7 @@ std::string demangle(const std::string& name) {
   return out;
 }
 
-Module::Module(std::unique_ptr<ElfImage> img, std::string dir, std::string logical_dir)
+Module::Module(std::unique_ptr<elf::Image> img, std::string dir, std::string logical_dir)
     : img_(std::move(img)), dir_(std::move(dir)), logical_dir_(std::move(logical_dir)) {}
 
 void Module::load(DebugFinder& finder, const Options& opts) {
@@ -29,12 +29,12 @@ void Module::load(DebugFinder& finder, const Options& opts) {
     debug_ = finder.find(*img_, dir_, logical_dir_);
     deferred_ = !debug_ && finder.would_ask_debuginfod(*img_);
   }
-  img_->collect_symbols(symbols_, true, true);
-  if (debug_) debug_->collect_symbols(symbols_, true, false);
+  symbols_.add_functions(*img_, true, true);
+  if (debug_) symbols_.add_functions(*debug_, true, false);
   // MiniDebugInfo: the static functions' symbols of a stripped binary, when
   // no debug file brought a .symtab. A bad section only loses those names.
   if (!img_->has_symtab() && !(debug_ && debug_->has_symtab()))
-    if (auto mini = open_minidebuginfo(*img_); mini && *mini) (*mini)->collect_symbols(symbols_, true, false);
+    if (auto mini = open_minidebuginfo(*img_); mini && *mini) symbols_.add_functions(**mini, true, false);
   symbols_.finish();
   if (opts.dwarf) {
     if (img_->has_dwarf()) dwarf_ = DwarfIndex::create(*img_);

@@ -10,7 +10,8 @@
 
 #include "symbolize/debug_finder.h"
 #include "symbolize/dwarf_index.h"
-#include "symbolize/elf_image.h"
+#include "symbolize/symbol_table.h"
+#include "elf/image.h"
 #include "symbolize/symbolize.h"
 
 namespace memtrace::symbolize {
@@ -23,9 +24,9 @@ struct ModuleLookup {
 class Module {
  public:
   // dir / logical_dir: see DebugFinder::find.
-  Module(std::unique_ptr<ElfImage> img, std::string dir, std::string logical_dir);
+  Module(std::unique_ptr<elf::Image> img, std::string dir, std::string logical_dir);
 
-  const ElfImage& image() const { return *img_; }
+  const elf::Image& image() const { return *img_; }
   const ModuleLookup& lookup(uint64_t vaddr, DebugFinder& finder, const Options& opts);
   // Path of the separate debug file in use ("" if none); loads the module.
   std::string debug_path(DebugFinder& finder, const Options& opts);
@@ -36,8 +37,8 @@ class Module {
  private:
   void load(DebugFinder& finder, const Options& opts);
 
-  std::unique_ptr<ElfImage> img_;
-  std::unique_ptr<ElfImage> debug_;
+  std::unique_ptr<elf::Image> img_;
+  std::unique_ptr<elf::Image> debug_;
   std::string dir_, logical_dir_;
   bool loaded_ = false;
   bool deferred_ = false;  // loaded while debuginfod was deferred, and it would have been asked

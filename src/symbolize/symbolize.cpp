@@ -165,8 +165,8 @@ struct Symbolizer::Impl {
     if (auto it = by_devino.find(key); it != by_devino.end()) return it->second;
     ++stats.files_opened;
     std::pair<std::shared_ptr<Module>, Unknown> res{nullptr, Unknown::BadFile};
-    auto img = ElfImage::open_fd(std::move(fd), path);
-    if (img && !(*img)->loads().empty()) {
+    auto img = elf::Image::open_fd(std::move(fd), path);
+    if (img && !(*img)->segments().empty()) {
       std::string bid = (*img)->build_id();
       if (auto it = !bid.empty() ? by_build_id.find(bid) : by_build_id.end(); it != by_build_id.end()) {
         res = {it->second, Unknown::None};
@@ -292,7 +292,7 @@ Result<void> Symbolizer::add_file(AddressSpace& as, const std::string& path, uin
   struct stat st;
   ::stat(path.c_str(), &st);
   auto& a = as.impl();
-  for (const auto& seg : mod->image().loads()) {
+  for (const auto& seg : mod->image().segments()) {
     auto e = std::make_shared<MapEntry>();
     uint64_t head = seg.offset % 4096;
     e->info.start = bias + seg.vaddr - head;

@@ -19,8 +19,7 @@ $src/src/loader/replay.cpp $src/src/loader/recording.cpp $src/src/loader/feature
 $src/src/loader/resolver.cpp $src/src/loader/procfs.cpp $src/src/loader/output_file.cpp
 $src/src/heap/heap_model.cpp $src/src/heap/analyses.cpp $src/src/heap/ended.cpp $src/src/report/report.cpp $src/src/report/outputs.cpp $src/src/report/folded.cpp
 $src/src/report/pprof.cpp $src/src/report/diff.cpp $src/src/report/html.cpp ${MEMTRACE_HTML_ASSETS:?the page of the HTML report, html_assets.cpp of the build} $src/src/elf/elf_file.cpp
-$src/src/elf/image.cpp
-$src/src/symbolize/symbolize.cpp $src/src/procfs/proc_maps.cpp $src/src/symbolize/elf_image.cpp
+$src/src/elf/image.cpp $src/src/symbolize/symbolize.cpp $src/src/procfs/proc_maps.cpp $src/src/symbolize/symbol_table.cpp
 $src/src/symbolize/dwarf_index.cpp $src/src/symbolize/debug_finder.cpp $src/src/symbolize/module.cpp
 $src/src/symbolize/minidebuginfo.cpp $src/src/symbolize/debuginfod.cpp"
 obj() { echo "$build/obj/$(echo "$1" | tr / _).o"; }

@@ -9,12 +9,13 @@ mkdir -p "$build/corpus" "$build/artifacts"
 sym=$src/src/symbolize
 # Rebuild only when a source changed.
 stamp=$build/fuzz_symbolize
-if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/tests/symbolize/fuzz" -newer "$stamp" -name '*.[ch]*' | head -1)" ]; then
+if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/src/elf" "$src/src/common" "$src/tests/symbolize/fuzz" -newer "$stamp" -name '*.[ch]*' | head -1)" ]; then
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I"$src/src" -o "$stamp.tmp" \
     "$src/tests/symbolize/fuzz/fuzz_symbolize.cpp" \
-    "$sym/symbolize.cpp" "$sym/../procfs/proc_maps.cpp" "$sym/elf_image.cpp" "$sym/dwarf_index.cpp" \
-    "$sym/debug_finder.cpp" "$sym/module.cpp" "$sym/minidebuginfo.cpp" "$sym/debuginfod.cpp" \
+    "$src/src/elf/image.cpp" "$sym/../procfs/proc_maps.cpp" \
+    "$sym/symbolize.cpp" "$sym/symbol_table.cpp" "$sym/dwarf_index.cpp" "$sym/debug_finder.cpp" \
+    "$sym/module.cpp" "$sym/minidebuginfo.cpp" "$sym/debuginfod.cpp" \
     -ldw -lelf -llzma -ldl
   mv "$stamp.tmp" "$stamp"
 fi
