@@ -474,33 +474,6 @@ void parse_section(const Section& sec, uint64_t text_addr, std::vector<FdeRows>*
   }
 }
 
-std::string read_build_id(Elf* elf) {
-  size_t n = 0;
-  if (elf_getphdrnum(elf, &n) != 0) return "";
-  for (size_t i = 0; i < n; i++) {
-    GElf_Phdr ph;
-    if (!gelf_getphdr(elf, static_cast<int>(i), &ph) || ph.p_type != PT_NOTE) continue;
-    Elf_Data* d = elf_getdata_rawchunk(elf, ph.p_offset, ph.p_filesz, ELF_T_NHDR);
-    if (!d) continue;
-    size_t off = 0, name_off, desc_off;
-    GElf_Nhdr nh;
-    while ((off = gelf_getnote(d, off, &nh, &name_off, &desc_off)) > 0) {
-      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
-          std::memcmp(static_cast<char*>(d->d_buf) + name_off, "GNU", 4) == 0) {
-        static const char hex[] = "0123456789abcdef";
-        std::string s;
-        auto* b = static_cast<const uint8_t*>(d->d_buf) + desc_off;
-        for (size_t k = 0; k < nh.n_descsz; k++) {
-          s += hex[b[k] >> 4];
-          s += hex[b[k] & 15];
-        }
-        return s;
-      }
-    }
-  }
-  return "";
-}
-
 }  // namespace
 
 mt_unwind_row encode_row(const RowInfo& in) {
@@ -557,36 +530,30 @@ const mt_unwind_row* CfiTable::lookup(uint64_t vaddr) const {
 }
 
 Result<CfiTable> build_cfi_table(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return Error::sys("open " + path);
-  return build_cfi_table_fd(fd.get(), path);
+  auto img = elf::Image::open(path);
+  if (!img) return img.error();
+  return build_cfi_table(**img);
 }
 
 Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what) {
-  elf_version(EV_CURRENT);
-  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
-  if (!elf) return Error::msg("read ELF " + what + ": " + elf_errmsg(-1));
-  struct ElfCloser {
-    Elf* e;
-    ~ElfCloser() { elf_end(e); }
-  } closer{elf};
-  GElf_Ehdr eh;
-  if (!gelf_getehdr(elf, &eh)) return Error::msg("read ELF header " + what + ": " + elf_errmsg(-1));
-  if (eh.e_machine != EM_X86_64) return Error::msg("CFI tables " + what + ": not an x86-64 ELF file");
+  Fd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!own.valid()) return Error::sys("dup fd of " + what);
+  auto img = elf::Image::open_fd(std::move(own), what);
+  if (!img) return img.error();
+  return build_cfi_table(**img);
+}
+
+Result<CfiTable> build_cfi_table(const elf::Image& img) {
+  const std::string& what = img.path();
+  Elf* elf = img.elf();
+  if (img.machine() != EM_X86_64) return Error::msg("CFI tables " + what + ": not an x86-64 ELF file");
   size_t shstrndx = 0;
   if (elf_getshdrstrndx(elf, &shstrndx) != 0) return Error::msg("section names " + what + ": " + elf_errmsg(-1));
 
   CfiTable t;
   t.path = what;
-  t.build_id = read_build_id(elf);
-  size_t nph = 0;
-  if (elf_getphdrnum(elf, &nph) == 0) {
-    for (size_t i = 0; i < nph; i++) {
-      GElf_Phdr ph;
-      if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD)
-        t.segments.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz, (ph.p_flags & PF_X) != 0});
-    }
-  }
+  t.build_id = img.build_id_hex();
+  t.segments = img.segments();
   Section eh_frame, debug_frame;
   uint64_t text_addr = 0;
   for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn; scn = elf_nextscn(elf, scn)) {
@@ -598,7 +565,7 @@ Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what) {
     bool is_debug = std::strcmp(name, ".debug_frame") == 0;
     if (std::strcmp(name, ".text") == 0) text_addr = sh.sh_addr;
     if ((!is_eh && !is_debug) || sh.sh_type == SHT_NOBITS) continue;
-    if (sh.sh_flags & SHF_COMPRESSED) elf_compress(scn, 0, 0);
+    if ((sh.sh_flags & SHF_COMPRESSED) && (!img.compressed_sections_sane() || elf_compress(scn, 0, 0) < 0)) continue;
     Elf_Data* d = elf_getdata(scn, nullptr);
     if (!d || !d->d_buf) continue;
     Section& s = is_eh ? eh_frame : debug_frame;

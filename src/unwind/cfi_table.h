@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "elf/image.h"
 extern "C" {
 #include "memtrace.h"
 }
@@ -27,18 +28,12 @@ struct RowInfo {
 mt_unwind_row encode_row(const RowInfo& r);
 RowInfo decode_row(const mt_unwind_row& r);
 
-// An ELF PT_LOAD segment (to turn a mapping's file offset into a load bias).
-struct LoadSegment {
-  uint64_t vaddr = 0, offset = 0, filesz = 0;
-  bool exec = false;
-};
-
 struct CfiTable {
   uint64_t base = 0;                  // row pc = ELF vaddr - base
   std::vector<mt_unwind_row> rows;    // sorted by pc, consecutive duplicates merged
   std::string build_id;               // hex, "" if none
   std::string path;                   // the file it was built from (messages)
-  std::vector<LoadSegment> segments;  // PT_LOAD
+  std::vector<elf::Segment> segments;  // PT_LOAD (a mapping's file offset -> load bias)
   // Statistics of the build.
   size_t fdes = 0;                    // FDEs used
   size_t fdes_debug_frame = 0;        // of which from .debug_frame
@@ -52,8 +47,9 @@ struct CfiTable {
 
 // Parse the CFI of one ELF file (x86-64). A file without any CFI gives an
 // empty table (the unwinder then falls back to frame pointers inside it).
+Result<CfiTable> build_cfi_table(const elf::Image& img);
 Result<CfiTable> build_cfi_table(const std::string& path);
-Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what);
+Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what);  // fd stays the caller's
 
 const char* cfa_type_name(uint8_t t);
 

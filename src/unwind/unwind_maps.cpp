@@ -2,6 +2,7 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -236,9 +237,9 @@ Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vecto
   if (!t) return t.error();
   const CfiTable& table = **t;
   // load bias: runtime address = ELF vaddr + bias
-  const LoadSegment* seg = nullptr;
+  const elf::Segment* seg = nullptr;
   for (auto& s : table.segments)
-    if (m.offset >= (s.offset & ~uint64_t(0xfff)) && m.offset < s.offset + s.filesz && s.exec) seg = &s;
+    if (m.offset >= (s.offset & ~uint64_t(0xfff)) && m.offset < s.offset + s.filesz && (s.flags & PF_X)) seg = &s;
   if (!seg)
     for (auto& s : table.segments)
       if (m.offset >= (s.offset & ~uint64_t(0xfff)) && m.offset < s.offset + std::max<uint64_t>(s.filesz, 1)) seg = &s;
