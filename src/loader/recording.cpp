@@ -14,7 +14,7 @@
 #include <map>
 #include <optional>
 
-#include "elf/elf_file.h"
+#include "elf/image.h"
 #include "loader/procfs.h"
 #include "memtrace.h"
 #include "procfs/proc_maps.h"
@@ -39,7 +39,7 @@ std::string build_id_of(const std::string& path) {
                              static_cast<int64_t>(st.st_mtim.tv_sec));
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   std::string id;
-  if (auto f = elf::ElfFile::open(path)) id = f->build_id();
+  if (auto img = elf::Image::open(path)) id = (*img)->build_id_hex();
   cache[key] = id;
   return id;
 }
