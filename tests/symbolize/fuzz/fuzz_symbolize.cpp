@@ -1,6 +1,8 @@
-// libFuzzer target for src/symbolize: the input is an ELF file (seeded with
-// real ones), mapped and symbolized through the public API the loader uses.
-// Any crash, hang, leak or runaway allocation is a bug.
+// libFuzzer target for src/symbolize and the ELF reader under it (src/elf):
+// the input is an ELF file (seeded with real ones), mapped and symbolized
+// through the public API the loader uses, and searched for an allocator as
+// the loader's elf::ElfFile does. Any crash, hang, leak or runaway
+// allocation is a bug.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "elf/elf_file.h"
 #include "symbolize/symbolize.h"
 
 using namespace memtrace::symbolize;
@@ -44,6 +47,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)sym.symbolize(as, m.start + (h >> 16) % span, k & 1);
       (void)sym.symbolize(as, 0x400000000000 + (h >> 8) % (span * 4), k & 2);
     }
+  }
+  if (auto f = memtrace::elf::ElfFile::open(path)) {
+    for (const char* name : {"malloc", "free", "main", "_start"})
+      if (auto s = f->find_function(name)) (void)f->read_vaddr(s->vaddr, 64);
+    (void)f->find_object("stdout");
+    (void)f->imports("aligned_alloc");
+    for (const auto& s : f->symbols())
+      if (s.size) (void)f->read_vaddr(s.vaddr + s.size - 1, 16);
   }
   close(fd);
   return 0;

@@ -13,7 +13,7 @@ if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/src/elf" "$src/src/common" "$s
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I"$src/src" -o "$stamp.tmp" \
     "$src/tests/symbolize/fuzz/fuzz_symbolize.cpp" \
-    "$src/src/elf/image.cpp" "$sym/../procfs/proc_maps.cpp" \
+    "$src/src/elf/image.cpp" "$src/src/elf/elf_file.cpp" "$sym/../procfs/proc_maps.cpp" \
     "$sym/symbolize.cpp" "$sym/symbol_table.cpp" "$sym/dwarf_index.cpp" "$sym/debug_finder.cpp" \
     "$sym/module.cpp" "$sym/minidebuginfo.cpp" "$sym/debuginfod.cpp" \
     -ldw -lelf -llzma -ldl
