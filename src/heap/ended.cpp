@@ -4,6 +4,9 @@
 // thousands of processes come and go (issue 17's soak: 23,000 compiler
 // processes kept 17.9 M ASLR-distinct stacks and 23 M leaked blocks).
 #include <algorithm>
+#include <memory>
+#include <thread>
+#include <chrono>
 #include <unordered_set>
 
 #include "heap/heap_model.h"
@@ -24,15 +27,18 @@ uint64_t hash_locs(const std::vector<Loc>& locs, bool truncated) {
   return h | kSealedBit;
 }
 
+// The same map under the new ids; its nodes move over (no allocation per
+// entry: a compiler's image has 200,000). Two ids that became one are summed.
 template <class Map, class Add>
 void rekey(Map& m, const std::unordered_map<uint64_t, uint64_t>& remap, Add add) {
   Map out;
   out.reserve(m.size());
-  for (auto& [id, v] : m) {
-    auto it = remap.find(id);
-    uint64_t nid = it == remap.end() ? id : it->second;
-    auto [o, fresh] = out.try_emplace(nid, std::move(v));
-    if (!fresh) add(o->second, v);
+  while (!m.empty()) {
+    auto node = m.extract(m.begin());
+    auto it = remap.find(node.key());
+    if (it != remap.end()) node.key() = it->second;
+    auto r = out.insert(std::move(node));
+    if (!r.inserted) add(r.position->second, r.node.mapped());
   }
   m.swap(out);
 }
@@ -79,9 +85,17 @@ void add_spans(std::vector<Span>& a, const std::vector<Span>& b) {
   a.resize(out);
 }
 
+// c's memory is given back on another thread: freeing the blocks of a
+// big image (a million nodes) took ~0.3 s of the drain thread's time.
 template <class T>
 void release(T& c) {
-  T().swap(c);
+  if (c.size() < 4096) {
+    T().swap(c);
+    return;
+  }
+  auto gone = std::make_shared<T>();
+  gone->swap(c);
+  std::thread([gone]() mutable { gone.reset(); }).detach();
 }
 
 }  // namespace
@@ -110,51 +124,120 @@ uint64_t HeapModel::intern(Stack&& s) {
   }
 }
 
-void HeapModel::seal(Process& p) {
-  if (p.sealed || !locator_) return;
-  std::unordered_map<uint64_t, Located> where;  // by ip: stacks of one image share most frames
-  std::unordered_map<uint32_t, uint64_t> bias;
+// Sealing one image, in steps: a compiler's image (200,000 stacks) takes
+// ~1 s in all, which the drain must not wait for at once. Between steps the
+// image is in ended_, not sealed yet; nothing reads its stacks until it is
+// (finish_seals before a report), and nothing else changes it.
+struct HeapModel::SealJob {
+  Process* p = nullptr;
+  int stage = 0;
+  ImageMap map;
+  std::vector<uint64_t> bias;  // per range: its bias, once a frame used it
   std::unordered_map<uint64_t, uint64_t> remap;  // raw id -> sealed id
-  auto seal_id = [&](uint64_t raw) {
-    if (!raw) return;
-    auto [it, fresh] = remap.try_emplace(raw, raw);
-    if (!fresh) return;
-    const Stack* st = stack(raw);
-    if (!st || st->sealed) return;  // never received (counted as missing): stays as it was
-    Stack s;
-    s.sealed = true;
-    s.truncated = st->truncated;
-    s.locs.reserve(st->ips.size());
-    for (uint64_t ip : st->ips) {
-      auto w = where.find(ip);
-      if (w == where.end()) {
-        w = where.emplace(ip, locator_(p, ip)).first;
-        bias.try_emplace(w->second.loc.module, w->second.bias);
-      }
-      s.locs.push_back(w->second.loc);
-    }
-    it->second = intern(std::move(s));
-  };
-  for (const auto& [id, sa] : p.stack_allocs) seal_id(id);
-  for (const auto& [id, sf] : p.fault_stacks) seal_id(id);
-  for (const auto& [id, sa] : p.alloc_sites) seal_id(id);
-  for (const auto& [addr, b] : p.live) seal_id(b.stack_id);
+  std::vector<uint64_t> ids;   // raw ids to seal
+  size_t next = 0;
+  std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // rekeyed so far
+  std::unordered_map<uint64_t, std::vector<Span>> spans;
+  std::unordered_map<uint64_t, Block>::iterator live_at;
+  uint64_t ns = 0;
+};
 
-  // Per-block state first (its StackAllocs pointers die with the rekey).
-  if (faults_)
-    for (const auto& [addr, b] : p.live)
-      if (!b.touched)
-        if (auto it = p.stack_allocs.find(b.stack_id); it != p.stack_allocs.end()) it->second.untouched_blocks++;
-  for (auto& sa : p.peak_dirty) sa->peak_dirty = false;
-  release(p.peak_dirty);
-  for (auto& [id, sa] : p.stack_allocs) sa.spans = nullptr;
-  rekey(p.stack_allocs, remap, add_stack_allocs);
-  rekey(p.spans, remap, add_spans);
-  rekey(p.fault_stacks, remap, add_site_faults);
-  rekey(p.alloc_sites, remap, add_site_allocs);
+// One step of j until the deadline (checked every few hundred items):
+// true once j's image is sealed.
+bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point deadline) {
+  Process& p = *j.p;
+  constexpr size_t kChunk = 256;
+  auto late = [&] { return std::chrono::steady_clock::now() >= deadline; };
+  switch (j.stage) {
+    case 0:  // what to seal (j.map: taken when the image ended, while the loader knew its mappings)
+      j.bias.assign(j.map.ranges.size(), ~uint64_t{0});
+      j.ids.reserve(p.stack_allocs.size() + p.fault_stacks.size() + p.alloc_sites.size());
+      for (const auto& [id, sa] : p.stack_allocs) j.ids.push_back(id);  // every live block's stack too
+      for (const auto& [id, sf] : p.fault_stacks) j.ids.push_back(id);
+      for (const auto& [id, sa] : p.alloc_sites) j.ids.push_back(id);
+      j.remap.reserve(j.ids.size());
+      j.stage = 1;
+      [[fallthrough]];
+    case 1: {  // each raw stack as locations, interned
+      // Every frame is a return address: the mapping is the call's (ip - 1).
+      auto locate = [&](uint64_t ip) {
+        uint64_t pc = ip ? ip - 1 : 0;
+        auto r = std::upper_bound(j.map.ranges.begin(), j.map.ranges.end(), pc,
+                                  [](uint64_t a, const ImageRange& x) { return a < x.start; });
+        if (r == j.map.ranges.begin() || pc >= (--r)->end) return Loc{j.map.unknown, 0};
+        j.bias[r - j.map.ranges.begin()] = r->bias;
+        return Loc{r->module, ip - r->bias};
+      };
+      while (j.next < j.ids.size()) {
+        for (size_t end = std::min(j.ids.size(), j.next + kChunk); j.next < end; j.next++) {
+          uint64_t raw = j.ids[j.next];
+          if (!raw) continue;
+          auto [it, fresh] = j.remap.try_emplace(raw, raw);
+          if (!fresh) continue;
+          const Stack* st = stack(raw);
+          if (!st || st->sealed) continue;  // never received (counted as missing): stays as it was
+          Stack s;
+          s.sealed = true;
+          s.truncated = st->truncated;
+          s.locs.reserve(st->ips.size());
+          for (uint64_t ip : st->ips) s.locs.push_back(locate(ip));
+          it->second = intern(std::move(s));
+        }
+        if (late()) return false;
+      }
+      release(j.ids);
+      // Per-block state first (its StackAllocs pointers die with the rekey).
+      for (auto& sa : p.peak_dirty) sa->peak_dirty = false;
+      release(p.peak_dirty);
+      j.live_at = p.live.begin();
+      j.stage = 2;
+      [[fallthrough]];
+    }
+    case 2:  // blocks no fault touched, by stack (--faults)
+      while (faults_ && j.live_at != p.live.end()) {
+        for (size_t n = 0; n < kChunk && j.live_at != p.live.end(); n++, ++j.live_at)
+          if (!j.live_at->second.touched)
+            if (auto it = p.stack_allocs.find(j.live_at->second.stack_id); it != p.stack_allocs.end())
+              it->second.untouched_blocks++;
+        if (late()) return false;
+      }
+      j.stack_allocs.reserve(p.stack_allocs.size());
+      j.stage = 3;
+      [[fallthrough]];
+    case 3:  // stacks under their sealed ids (nodes move over: no allocation each)
+      while (!p.stack_allocs.empty()) {
+        for (size_t n = 0; n < kChunk && !p.stack_allocs.empty(); n++) {
+          auto node = p.stack_allocs.extract(p.stack_allocs.begin());
+          node.mapped().spans = nullptr;
+          if (auto it = j.remap.find(node.key()); it != j.remap.end()) node.key() = it->second;
+          auto r = j.stack_allocs.insert(std::move(node));
+          if (!r.inserted) add_stack_allocs(r.position->second, r.node.mapped());
+        }
+        if (late()) return false;
+      }
+      j.spans.reserve(p.spans.size());
+      j.stage = 4;
+      [[fallthrough]];
+    case 4:
+      while (!p.spans.empty()) {
+        for (size_t n = 0; n < kChunk && !p.spans.empty(); n++) {
+          auto node = p.spans.extract(p.spans.begin());
+          if (auto it = j.remap.find(node.key()); it != j.remap.end()) node.key() = it->second;
+          auto r = j.spans.insert(std::move(node));
+          if (!r.inserted) add_spans(r.position->second, r.node.mapped());
+        }
+        if (late()) return false;
+      }
+      break;
+  }
+  // The rest is small (or given back on another thread).
+  p.stack_allocs.swap(j.stack_allocs);
+  p.spans.swap(j.spans);
+  rekey(p.fault_stacks, j.remap, add_site_faults);
+  rekey(p.alloc_sites, j.remap, add_site_allocs);
   if (keep_blocks_) {
     for (auto& [addr, b] : p.live) {
-      if (auto it = remap.find(b.stack_id); it != remap.end()) b.stack_id = it->second;
+      if (auto it = j.remap.find(b.stack_id); it != j.remap.end()) b.stack_id = it->second;
       b.stack = nullptr;
     }
   } else {
@@ -165,11 +248,49 @@ void HeapModel::seal(Process& p) {
   release(p.maps);
   release(p.last_alloc_by_tid);
   release(p.realloc_parked);
+  release(j.remap);
   p.cur_tid = 0;
   p.cur_tid_last = 0;
-  p.bias.assign(bias.begin(), bias.end());
+  p.bias.clear();
+  for (size_t i = 0; i < j.bias.size(); i++)
+    if (j.bias[i] != ~uint64_t{0}) p.bias.emplace_back(j.map.ranges[i].module, j.bias[i]);
   std::sort(p.bias.begin(), p.bias.end());
+  p.bias.erase(std::unique(p.bias.begin(), p.bias.end(),
+                           [](const auto& a, const auto& b) { return a.first == b.first; }),
+               p.bias.end());
   p.sealed = true;
+  return true;
+}
+
+// Here, where SealJob is complete.
+HeapModel::HeapModel() { stacks_.reserve(1 << 14); }
+HeapModel::~HeapModel() = default;
+
+void HeapModel::seal_some(std::chrono::steady_clock::duration budget) {
+  auto start = std::chrono::steady_clock::now(), deadline = start + budget;
+  while (!sealing_.empty()) {
+    SealJob& j = *sealing_.front();
+    auto t0 = std::chrono::steady_clock::now();
+    bool done = seal_step(j, deadline);
+    uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    j.ns += ns;
+    seal_stats_.total_ns += ns;
+    seal_stats_.max_step_ns = std::max(seal_stats_.max_step_ns, ns);
+    if (!done) break;
+    seal_stats_.images++;
+    seal_stats_.max_ns = std::max(seal_stats_.max_ns, j.ns);
+    Process& p = *j.p;
+    sealing_.pop_front();
+    individual_ended_++;
+    individual_entries_ += p.stack_allocs.size();
+    while ((image_cap_ && individual_ended_ > image_cap_) || (entry_cap_ && individual_entries_ > entry_cap_))
+      if (!merge_one(individual_entries_ > entry_cap_ && entry_cap_)) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
+}
+
+void HeapModel::finish_seals() {
+  while (!sealing_.empty()) seal_some(std::chrono::hours(1));
 }
 
 void HeapModel::ended(std::unique_ptr<Process> p) {
@@ -177,17 +298,25 @@ void HeapModel::ended(std::unique_ptr<Process> p) {
     ended_.push_back(std::move(p));
     return;
   }
-  seal(*p);
+  auto j = std::make_unique<SealJob>();
+  j->p = p.get();
+  j->map = locator_(*p);  // now: the loader forgets a gone process's mappings
   ended_.push_back(std::move(p));
-  individual_ended_++;
-  if (!image_cap_ || individual_ended_ <= image_cap_) return;
-  // The command name with the most images kept one by one gives its oldest.
+  sealing_.push_back(std::move(j));
+  // Small images at once (the most of them: a shell, a compiler driver);
+  // big ones in steps between drains (seal_some).
+  if (sealing_.size() == 1 && ended_.back()->stack_allocs.size() < 2048) seal_some(std::chrono::hours(1));
+}
+
+// The command name with the most images kept one by one (by_entries: the
+// most per-stack entries in them) gives its oldest to its merged entry.
+bool HeapModel::merge_one(bool by_entries) {
   std::map<std::string, size_t> count;
   for (const auto& e : ended_)
-    if (e->sealed) count[e->comm]++;
+    if (e->sealed) count[e->comm] += by_entries ? e->stack_allocs.size() : 1;
   auto most = std::max_element(count.begin(), count.end(),
                                [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (most == count.end()) return;
+  if (most == count.end()) return false;
   auto oldest = std::find_if(ended_.begin(), ended_.end(),
                              [&](const auto& e) { return e->sealed && e->comm == most->first; });
   auto& group = groups_[most->first];
@@ -199,9 +328,11 @@ void HeapModel::ended(std::unique_ptr<Process> p) {
     group->pid = (*oldest)->pid;
   }
   merge_into(*group, **oldest);
+  individual_entries_ -= (*oldest)->stack_allocs.size();
   ended_.erase(oldest);
   individual_ended_--;
   merged_total_++;
+  return true;
 }
 
 void HeapModel::merge_into(Process& g, Process& img) {

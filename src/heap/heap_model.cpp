@@ -7,7 +7,6 @@
 
 namespace memtrace::heap {
 
-HeapModel::HeapModel() { stacks_.reserve(1 << 14); }
 
 // The allocation stack's counters of block b of p.
 static StackAllocs& stack_of(Process& p, const Block& b) {

@@ -5,6 +5,8 @@
 #include <sys/types.h>
 
 #include <array>
+#include <chrono>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -262,17 +264,26 @@ struct Stack {
   bool sealed = false;
 };
 
-// Where an address of an image lies: its location, and the load bias of its
-// module in that image (address - offset).
-struct Located {
-  Loc loc;
+// Where the code of an image lies: address ranges [start, end) whose
+// location is (module, address - bias), sorted and not overlapping, and the
+// module that stands for an address in none of them (nothing is known of it:
+// sealing keeps no offset for it, else every process's unknown frames made
+// stacks of their own).
+struct ImageRange {
+  uint64_t start = 0, end = 0;
+  uint32_t module = 0;
   uint64_t bias = 0;
 };
-using Locator = std::function<Located(const Process& p, uint64_t ip)>;
+struct ImageMap {
+  std::vector<ImageRange> ranges;
+  uint32_t unknown = 0;
+};
+using Locator = std::function<ImageMap(const Process& p)>;
 
 class HeapModel {
  public:
   HeapModel();
+  ~HeapModel();
   // One record from the events ring buffer (mt_event or mt_stack).
   void apply(const void* data, size_t len);
 
@@ -316,7 +327,12 @@ class HeapModel {
   // At most n ended images are kept one by one (0: no cap); past it, the
   // oldest image of the command name with the most ended images is merged
   // into that name's merged entry (sums; the largest member's peak).
-  void set_image_cap(size_t n) { image_cap_ = n; }
+  // entries: and at most this many per-stack entries in them in all (a
+  // compiler image can hold 100,000).
+  void set_image_cap(size_t n, size_t entries = 500000) {
+    image_cap_ = n;
+    entry_cap_ = entries;
+  }
   // pid exited (on_exit) and every record of it was applied: its image ends
   // now (kept for the reports if it did anything, or keep_idle). false: pid's
   // current image is not one that exited (a new process has the pid now).
@@ -328,6 +344,17 @@ class HeapModel {
   std::vector<uint64_t> collect_stacks();
   size_t sealed_stack_count() const { return sealed_.size(); }
   size_t merged_images() const { return merged_total_; }
+  // Sealing runs in steps: seal_some works on the images that ended until
+  // the budget is spent (the drain goes on in between); finish_seals seals
+  // every one (before anything reads their stacks: a report).
+  void seal_some(std::chrono::steady_clock::duration budget);
+  void finish_seals();
+  size_t sealing() const { return sealing_.size(); }
+  // Its cost: images sealed, ns in all, the longest image and the longest step (what the drain waited).
+  struct SealStats {
+    uint64_t images = 0, total_ns = 0, max_ns = 0, max_step_ns = 0;
+  };
+  const SealStats& seal_stats() const { return seal_stats_; }
 
   uint64_t malformed_records() const { return malformed_; }
   uint64_t missing_stacks() const { return missing_stacks_; }
@@ -347,9 +374,12 @@ class HeapModel {
 
   Process& fresh(pid_t pid);  // a new current image for pid; the old one is kept if it did anything
   void ended(std::unique_ptr<Process> p);  // p ended: sealed, kept, merged past the cap
-  void seal(Process& p);
+  struct SealJob;
+  bool seal_step(SealJob& j, std::chrono::steady_clock::time_point deadline);
+  std::deque<std::unique_ptr<SealJob>> sealing_;
   uint64_t intern(Stack&& s);
   void merge_into(Process& group, Process& img);
+  bool merge_one(bool by_entries);
   std::map<pid_t, std::unique_ptr<Process>> procs_;
   std::vector<std::unique_ptr<Process>> ended_;  // images that exec'd, or a reused pid's exited process
   std::unordered_map<uint64_t, Stack> stacks_;   // raw, by BPF's id
@@ -357,8 +387,10 @@ class HeapModel {
   std::unordered_map<uint64_t, Stack> graveyard_;  // dropped by the last collect_stacks
   Locator locator_;
   bool keep_blocks_ = false;
-  size_t image_cap_ = 0;
-  size_t individual_ended_ = 0;  // sealed ended images not merged
+  size_t image_cap_ = 0, entry_cap_ = 0;
+  size_t individual_ended_ = 0;   // sealed ended images not merged
+  size_t individual_entries_ = 0; // their per-stack entries
+  SealStats seal_stats_;
   size_t merged_total_ = 0;
   std::map<std::string, std::unique_ptr<Process>> groups_;  // merged entries by comm
   Process* last_ = nullptr;

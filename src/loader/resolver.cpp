@@ -1,5 +1,7 @@
 #include "loader/resolver.h"
 
+#include <algorithm>
+
 namespace memtrace::loader {
 
 namespace {
@@ -110,16 +112,30 @@ const SpaceNode* Resolver::node_of(const heap::Process& p) const {
   return best->node.get();
 }
 
-heap::Located Resolver::locate(const heap::Process& p, uint64_t ip) {
-  const SpaceNode* n = node_of(p);
-  symbolize::Symbolizer::Location l;
-  static const symbolize::AddressSpace empty;
-  if (!n) l = sym_.locate(empty, ip, true);
-  for (int hops = 0; n && hops < 16; n = n->parent.get(), hops++) {
-    l = sym_.locate(n->as, ip, true);
-    if (l.mapped) break;
+heap::ImageMap Resolver::map_of(const heap::Process& p) {
+  heap::ImageMap m;
+  m.unknown = sym_.unmapped_module();
+  int hops = 0;
+  for (const SpaceNode* n = node_of(p); n && hops < 16; n = n->parent.get(), hops++) {
+    // An ancestor's ranges only where the nearer spaces have none.
+    std::vector<heap::ImageRange> add;
+    for (const auto& r : sym_.location_ranges(n->as)) {
+      uint64_t lo = r.start;
+      auto it = std::upper_bound(m.ranges.begin(), m.ranges.end(), lo,
+                                 [](uint64_t a, const heap::ImageRange& x) { return a < x.start; });
+      if (it != m.ranges.begin() && std::prev(it)->end > lo) lo = std::prev(it)->end;
+      for (; lo < r.end; ++it) {
+        uint64_t hi = it == m.ranges.end() ? r.end : std::min(r.end, it->start);
+        if (lo < hi) add.push_back({lo, hi, r.module, r.bias});
+        if (it == m.ranges.end()) break;
+        lo = std::max(lo, it->end);
+      }
+    }
+    m.ranges.insert(m.ranges.end(), add.begin(), add.end());
+    std::sort(m.ranges.begin(), m.ranges.end(),
+              [](const heap::ImageRange& a, const heap::ImageRange& b) { return a.start < b.start; });
   }
-  return heap::Located{heap::Loc{l.module, l.offset}, l.bias};
+  return m;
 }
 
 std::vector<report::FrameOut> Resolver::resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,

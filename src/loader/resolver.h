@@ -51,8 +51,9 @@ class Resolver {
   // pid is gone and every image of it is sealed: its spaces go (a child's
   // link to them stays while the child needs it).
   void forget(pid_t pid);
-  // For the heap model's sealing (HeapModel::set_locator).
-  heap::Located locate(const heap::Process& p, uint64_t ip);
+  // For the heap model's sealing (HeapModel::set_locator): where p's code
+  // lies, its own mappings first, then its parents' in the gaps.
+  heap::ImageMap map_of(const heap::Process& p);
   std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,
                                         bool return_address);
   // The final report: debuginfod may be asked from now on (symbolize.h).
@@ -61,7 +62,7 @@ class Resolver {
     return [this](const heap::Process& p, uint64_t a, const heap::Loc* l, bool r) { return resolve(p, a, l, r); };
   }
   heap::Locator locator() {
-    return [this](const heap::Process& p, uint64_t ip) { return locate(p, ip); };
+    return [this](const heap::Process& p) { return map_of(p); };
   }
   size_t spaces() const { return images_.size(); }
 

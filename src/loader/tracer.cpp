@@ -767,6 +767,11 @@ report::Drops Tracer::drops() {
     d.stats["model_merged_images"] = model_.merged_images();
     d.stats["model_stacks_collected"] = stacks_collected_;
     d.stats["resolver_processes"] = resolver_.spaces();
+    const auto& ss = model_.seal_stats();  // sealing holds the drain: how long
+    d.stats["model_sealed_images"] = ss.images;
+    d.stats["model_seal_ms"] = ss.total_ns / 1000000;
+    d.stats["model_seal_max_ms"] = ss.max_ns / 1000000;
+    d.stats["model_seal_max_step_ms"] = ss.max_step_ns / 1000000;
   }
   if (o_.faults) d.stats["faults_before_exec"] = model_.faults_before_exec();
   if (traced_seconds_ >= 0) d.stats["launched_traced_us"] = static_cast<uint64_t>(traced_seconds_ * 1e6);
@@ -992,6 +997,7 @@ void Tracer::log_pprof_round(const PprofDir::RoundStats& rs) {
 
 void Tracer::report_final(int exit_code) {
   retire_exited(true);  // exits still queued: their last records came with the final drain
+  model_.finish_seals();
   // Mark the launched program's status (from waitpid: exact).
   if (launcher_ && child_status_) model_.on_exit(launcher_->pid(), *child_status_);
   // System-wide: processes forked (not exec'd) since the start were never
@@ -1122,7 +1128,10 @@ int Tracer::run() {
     fc.resolve = resolver_.fn();
     fc.out = [this]() -> std::ostream& { return out(); };
     fc.drops = [this] { return drops(); };
-    fc.drain = [this] { consume(); };
+    fc.drain = [this] {  // before a console command reads the model
+      consume();
+      model_.finish_seals();
+    };
     fc.json = o_.format == "json";
     fc.top = o_.top;
     fc.system_wide = system_wide_;
@@ -1193,6 +1202,9 @@ int Tracer::run() {
       break;
     }
     retire_exited();
+    // Images that ended are sealed in steps between drains: 10 ms a turn,
+    // more when they queue up (a build's compilers end one after another).
+    if (model_.sealing()) model_.seal_some(std::chrono::milliseconds(10 * std::min<size_t>(model_.sealing(), 8)));
     if (model_.stack_count() >= stacks_gc_at_) collect_stacks();
     auto now = std::chrono::steady_clock::now();
     if (launcher_) {
@@ -1222,6 +1234,7 @@ int Tracer::run() {
       consume();
       report::Options ro;
       ro.include_idle = !system_wide_;
+      model_.finish_seals();
       auto rs = pprof_dir_->round(model_, resolver_.fn(), ro, false, [this] { consume(); });
       if (o_.verbose) log_pprof_round(rs);
       // A round longer than S skips the ticks it overran (no burst of rounds).

@@ -52,6 +52,7 @@ struct MapEntry {
   MappingInfo info;
   std::shared_ptr<Module> module;  // null when the file could not be used
   Unknown failure = Unknown::None;
+  mutable uint32_t loc_module = 0;  // its module id in Symbolizer::location_ranges (0: not asked yet)
 };
 
 using MapKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, std::string>;
@@ -349,21 +350,19 @@ const Symbolized& Symbolizer::symbolize(const AddressSpace& as, uint64_t address
   return memo.emplace(address, std::move(s)).first->second;
 }
 
-Symbolizer::Location Symbolizer::locate(const AddressSpace& as, uint64_t address, bool return_address) {
-  uint64_t pc = return_address && address > 0 ? address - 1 : address;
-  const MapEntry* e = as.impl().find(pc);
-  Location l;
-  if (!e) {
-    l.module = impl_->loc_module(nullptr, "", Unknown::Unmapped);
-    l.offset = address;
-    return l;
+std::vector<Symbolizer::LocationRange> Symbolizer::location_ranges(const AddressSpace& as) {
+  std::vector<LocationRange> out;
+  out.reserve(as.impl().view.size());
+  for (const auto& [start, v] : as.impl().view) {
+    const MapEntry* e = v.second;
+    if (!e->loc_module)  // once per mapping: one id per file at its path, or per failure
+      e->loc_module = impl_->loc_module(e->module, e->info.path, e->module ? Unknown::None : e->failure);
+    out.push_back({start, v.first, e->loc_module, e->info.start - e->info.offset});
   }
-  l.module = impl_->loc_module(e->module, e->info.path, e->module ? Unknown::None : e->failure);
-  l.offset = address - e->info.start + e->info.offset;
-  l.bias = address - l.offset;
-  l.mapped = true;
-  return l;
+  return out;
 }
+
+uint32_t Symbolizer::unmapped_module() { return impl_->loc_module(nullptr, "", Unknown::Unmapped); }
 
 const Symbolized& Symbolizer::symbolize_at(uint32_t module, uint64_t offset, bool return_address) {
   ++impl_->stats.lookups;

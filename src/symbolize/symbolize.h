@@ -118,19 +118,20 @@ class Symbolizer {
   // ---- Locations: an address as (file, offset), valid after the process is
   // gone and the same in every process that maps the file (the heap model's
   // sealed stacks). Module ids are numbered here from 1: one per file as
-  // mapped at a path, one per reason nothing is known (unmapped addresses
-  // keep the address itself as their offset).
-  struct Location {
+  // mapped at a path, one per reason nothing is known.
+  // Every mapping of as as a range of addresses whose location is (module,
+  // address - bias); sorted, not overlapping. unmapped_module(): the id of
+  // an address in no mapping.
+  struct LocationRange {
+    uint64_t start = 0, end = 0;
     uint32_t module = 0;
-    uint64_t offset = 0;  // file offset of address (unmapped: the address)
-    uint64_t bias = 0;    // address - offset in as
-    bool mapped = false;  // in a mapping of as
+    uint64_t bias = 0;
   };
-  // return_address: the mapping of address-1 (a call at a mapping's end).
-  Location locate(const AddressSpace& as, uint64_t address, bool return_address);
-  // What symbolize(as, address, return_address) says, from a location; the
+  std::vector<LocationRange> location_ranges(const AddressSpace& as);
+  uint32_t unmapped_module();
+  // What symbolize(as, address, return_address) said, from a location; the
   // result's address is 0. Memoized per (module, offset); valid until the
-  // next call of locate or symbolize_at.
+  // next call.
   const Symbolized& symbolize_at(uint32_t module, uint64_t offset, bool return_address);
 
   // From now on, debug files missing locally are asked of debuginfod (when

@@ -13,7 +13,6 @@
 
 using memtrace::heap::HeapModel;
 using memtrace::heap::Loc;
-using memtrace::heap::Located;
 using memtrace::heap::Process;
 namespace report = memtrace::report;
 
@@ -25,16 +24,24 @@ namespace {
 uint64_t bias(pid_t pid, uint32_t module) { return (uint64_t{module} << 32) + (uint64_t(pid) << 20); }
 uint64_t ip_of(pid_t pid, uint32_t module, uint64_t offset) { return bias(pid, module) + offset; }
 
-Located locate(const Process& p, uint64_t ip) {
+Loc loc_of(const Process& p, uint64_t ip) {
   uint32_t module = static_cast<uint32_t>(ip >> 32);
-  uint64_t b = bias(p.pid, module);
-  return Located{Loc{module, ip - b}, b};
+  return Loc{module, ip - bias(p.pid, module)};
+}
+
+// The loader's view of such a process (HeapModel::set_locator): modules 1..8.
+memtrace::heap::ImageMap locate(const Process& p) {
+  memtrace::heap::ImageMap m;
+  for (uint32_t module = 1; module <= 8; module++)
+    m.ranges.push_back({bias(p.pid, module), bias(p.pid, module) + 0x100000, module, bias(p.pid, module)});
+  m.unknown = 99;
+  return m;
 }
 
 // A frame as text: "m<module>+<offset>", the same for raw and sealed stacks.
 std::vector<report::FrameOut> resolve(const Process& p, uint64_t addr, const Loc* loc, bool) {
   report::FrameOut f;
-  Loc l = loc ? *loc : locate(p, addr).loc;
+  Loc l = loc ? *loc : loc_of(p, addr);
   f.function = "m" + std::to_string(l.module) + "+" + std::to_string(l.offset);
   f.address = addr;
   return {f};
