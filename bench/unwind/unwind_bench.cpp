@@ -125,6 +125,30 @@ int main(int argc, char** argv) {
   }
   const uint64_t* c = run->counters;
   auto pct = [](uint64_t a, uint64_t b) { return b ? 100.0 * double(a) / double(b) : 0.0; };
+  // Depth distribution (frames per allocation stack, weighted by
+  // allocations): what chose MT_MAX_FRAMES. A stack cut at the limit counts
+  // as that deep; "depth_max" says whether the limit was reached.
+  {
+    std::vector<std::pair<size_t, uint64_t>> d;  // (frames, allocations)
+    for (auto& s : run->stacks) d.emplace_back(s.ips.size(), s.count);
+    std::sort(d.begin(), d.end());
+    auto quantile = [&](double q) {
+      uint64_t want = uint64_t(q * double(total)), seen = 0;
+      for (auto& [n, k] : d)
+        if ((seen += k) > want) return n;
+      return d.empty() ? size_t(0) : d.back().first;
+    };
+    auto over = [&](size_t lim) {
+      uint64_t k = 0;
+      for (auto& [n, cnt] : d) k += n > lim ? cnt : 0;
+      return pct(k, total);
+    };
+    std::printf("{\"cmd\": \"%s\", \"frame_limit\": %d, \"depth_p50\": %zu, \"depth_p99\": %zu, "
+                "\"depth_p999\": %zu, \"depth_max\": %zu, \"depth_over_64_pct\": %.3f, \"depth_over_96_pct\": %.3f, "
+                "\"depth_over_128_pct\": %.3f, \"depth_over_192_pct\": %.3f, \"depth_over_256_pct\": %.3f}\n",
+                label.c_str(), MT_MAX_FRAMES, quantile(0.5), quantile(0.99), quantile(0.999),
+                d.empty() ? size_t(0) : d.back().first, over(64), over(96), over(128), over(192), over(256));
+  }
   const auto& ts = run->table_stats;
   std::printf("{\"cmd\": \"%s\", \"mode\": \"%s\", \"allocations\": %lu, \"distinct_stacks\": %zu, "
               "\"reach_main_or_thread_start_pct\": %.2f, \"outermost_pct\": %.2f, \"truncated_pct\": %.2f, "
