@@ -232,7 +232,7 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 	__u32 zero = 0;
 	struct mt_stack *s;
 	__u64 id, *sent;
-	__u32 slot;
+	__u32 slot, nr;
 	__u8 one = 1;
 
 	if (!capture_stacks) {
@@ -261,7 +261,12 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 	}
 	fill_hdr(&s->h, MT_EV_STACK, *flags, pid_tgid);
 	s->stack_id = id;
-	if (bpf_ringbuf_output(&events, s, sizeof(*s), rb_flags())) {
+	/* The header and the frames used, not the whole scratch record: most
+	 * stacks are far shorter than MT_MAX_FRAMES. */
+	nr = s->nr;
+	if (nr > MT_MAX_FRAMES)
+		nr = MT_MAX_FRAMES;
+	if (bpf_ringbuf_output(&events, s, MT_STACK_BYTES(nr), rb_flags())) {
 		count(MT_C_STACK_RINGBUF_FULL);
 		*flags |= MT_F_NO_STACK;
 		return 0;

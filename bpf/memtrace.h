@@ -9,10 +9,16 @@
 #include <linux/types.h>
 #endif
 
-/* Deepest user stack recorded. Frame-pointer walks rarely exceed this; the
- * unwinder marks deeper stacks truncated (MT_STACK_TRUNC_DEPTH). Must fit the
- * per-CPU scratch record (8 bytes each). */
-#define MT_MAX_FRAMES 64
+/* Deepest user stack recorded; deeper stacks are cut here and marked
+ * truncated (MT_F_STACK_TRUNCATED, MT_C_STACK_TRUNCATED, MT_UC_TRUNC_DEPTH).
+ * 64 cut 20% of gdb's stacks, 1.1% of python3's (W1) and 0.6-1.1% of
+ * cc1plus's; 128 cuts none of gdb's, python3's or clang's and 0.02-0.46% of
+ * cc1plus's, whose deepest recursions go past 512 frames (docs/unwind-perf.md,
+ * "Deeper stacks": 256 would still cut 0.15%). A power of 2
+ * (masks), at most 256 (the walk memo's frame indexes are bytes). The stack
+ * record is variable-size (MT_STACK_BYTES), so the limit costs a shallow
+ * stack nothing in the ring buffer. */
+#define MT_MAX_FRAMES 128
 #define MT_COMM_LEN 16 /* TASK_COMM_LEN: the kernel keeps 15 chars + NUL */
 #define MT_MAX_COMMS 16 /* -c filters */
 
@@ -106,7 +112,10 @@ struct mt_event {
 	__u32 aux;      /* mmap: fd (or -1) */
 };
 
-/* MT_EV_STACK: sent once per distinct stack (deduplicated in BPF by hash). */
+/* MT_EV_STACK: sent once per distinct stack (deduplicated in BPF by hash).
+ * Variable-size: the record holds the header and ips[0..nr), exactly
+ * MT_STACK_BYTES(nr) bytes (1 <= nr <= MT_MAX_FRAMES); the struct is the
+ * largest record (BPF's per-CPU scratch). */
 struct mt_stack {
 	struct mt_hdr h;
 	__u64 stack_id;
@@ -114,6 +123,15 @@ struct mt_stack {
 	__u32 pad;
 	__u64 ips[MT_MAX_FRAMES]; /* innermost first; ips[0] is the probed function's caller's call site */
 };
+#define MT_STACK_HDR_BYTES 40 /* offsetof(struct mt_stack, ips) */
+#define MT_STACK_BYTES(nr) (MT_STACK_HDR_BYTES + 8 * (nr))
+#ifdef __cplusplus
+#define MT_STATIC_ASSERT static_assert
+#else
+#define MT_STATIC_ASSERT _Static_assert
+#endif
+MT_STATIC_ASSERT(__builtin_offsetof(struct mt_stack, ips) == MT_STACK_HDR_BYTES, "mt_stack header");
+MT_STATIC_ASSERT((MT_MAX_FRAMES & (MT_MAX_FRAMES - 1)) == 0 && MT_MAX_FRAMES <= 256, "MT_MAX_FRAMES");
 
 /* MT_EV_EXEC / FORK / EXIT / LIBMAP */
 struct mt_proc_event {
@@ -179,7 +197,7 @@ enum mt_counter {
 	MT_C_STACK_RINGBUF_FULL,/* stack records that did not fit */
 	MT_C_INFLIGHT_FULL,     /* inflight map full: call not tracked */
 	MT_C_STACK_EMPTY,       /* stack capture returned nothing */
-	MT_C_STACK_TRUNCATED,   /* stack cut at MT_MAX_FRAMES */
+	MT_C_STACK_TRUNCATED,   /* stack cut (MT_MAX_FRAMES, or a frame the walk could not recover) */
 	MT_C_NESTED,            /* nested allocator entries skipped (informational) */
 	MT_C_STALE_INFLIGHT,    /* inflight record found stale (missed return) */
 	MT_C_SIGNAL_FAIL,       /* process not stopped for attach: bpf_send_signal failed or the stopped map is full */

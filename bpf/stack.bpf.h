@@ -12,8 +12,9 @@
  *           for an entry probe (0 at function+0, 8 after one push, ...);
  *           MT_RET_UNKNOWN when the probe is not at a function entry.
  *   out     per-CPU scratch struct mt_stack; out->nr and out->ips filled,
- *           innermost first, out->stack_id = mt_stack_hash(out) (the CFI walk
- *           folds it in frame by frame); returns flags (MT_F_STACK_TRUNCATED,
+ *           innermost first, out->stack_id = mt_stack_hash(out) (both walks
+ *           fold it in frame by frame); returns flags (MT_F_STACK_TRUNCATED:
+ *           cut, at MT_MAX_FRAMES or where a frame could not be recovered;
  *           MT_F_NO_STACK).
  */
 #ifndef MT_STACK_BPF_H
@@ -45,24 +46,27 @@ static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_
 
 	__u64 sp = r->sp;
 	__u64 fp = r->bp;
+	__u64 h = MT_HASH_SEED; /* mt_stack_hash, folded in frame by frame */
 	__u32 n = 0;
 	__u32 flags = 0;
 
 	if (ret_at >= 0) {
 		__u64 ret = 0;
-		if (bpf_probe_read_user(&ret, sizeof(ret), (void *)(sp + ret_at)) == 0 && ret)
+		if (bpf_probe_read_user(&ret, sizeof(ret), (void *)(sp + ret_at)) == 0 && ret) {
 			out->ips[n++] = ret;
+			h = mt_hash_step(h, ret);
+		}
 	} else {
 		out->ips[n++] = r->ip;
+		h = mt_hash_step(h, r->ip);
 	}
 
-	/* Frame-pointer chain: [fp] = caller's fp, [fp+8] = return address. */
-	for (int i = 0; i < MT_MAX_FRAMES; i++) {
+	/* Frame-pointer chain: [fp] = caller's fp, [fp+8] = return address.
+	 * A bounded loop (5.10 has no bpf_loop): one iteration per frame, one
+	 * for the duplicate below, one to find out whether a stack of
+	 * MT_MAX_FRAMES frames goes on (truncated) or ends there (complete). */
+	for (int i = 0; i < MT_MAX_FRAMES + 1; i++) {
 		__u64 pair[2];
-		if (n >= MT_MAX_FRAMES) {
-			flags |= MT_F_STACK_TRUNCATED;
-			break;
-		}
 		if (fp == 0 || (fp & 7) || fp < sp)
 			break;
 		if (bpf_probe_read_user(pair, sizeof(pair), (void *)fp))
@@ -71,8 +75,14 @@ static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_
 			break;
 		/* A probe after the callee's own "push rbp; mov rsp,rbp" sees the
 		 * return address twice: once at [rsp+ret_at], once at [fp+8]. */
-		if (!(n == 1 && i == 0 && ret_at >= 0 && pair[1] == out->ips[0]))
+		if (!(n == 1 && i == 0 && ret_at >= 0 && pair[1] == out->ips[0])) {
+			if (n >= MT_MAX_FRAMES) {
+				flags |= MT_F_STACK_TRUNCATED;
+				break;
+			}
 			out->ips[n++ & (MT_MAX_FRAMES - 1)] = pair[1];
+			h = mt_hash_step(h, pair[1]);
+		}
 		if (pair[0] <= fp)
 			break;
 		fp = pair[0];
@@ -80,7 +90,7 @@ static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_
 	out->nr = n;
 	if (n == 0)
 		flags |= MT_F_NO_STACK;
-	out->stack_id = mt_stack_hash(out);
+	out->stack_id = h ? h : 1;
 	return flags;
 }
 

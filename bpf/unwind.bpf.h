@@ -209,7 +209,10 @@ struct {
 #ifndef MT_MEMO_ENTRIES
 #define MT_MEMO_ENTRIES 1024 /* power of 2; the most the loader asks for */
 #endif
-#define MT_MEMO_WORDS 64 /* power of 2 */
+/* Words a walk may read and still be kept: at least one per frame (the
+ * return address), so MT_MAX_FRAMES, or the deepest stacks (cc1plus's and
+ * gdb's 65-128 frames, python3's) would be walked every time. */
+#define MT_MEMO_WORDS MT_MAX_FRAMES /* power of 2 */
 #define MT_MEMO_F_BP 1 /* keyed by the probe's rbp too */
 struct mt_memo_ent {
 	__u64 sp;       /* rsp at the probe */
@@ -238,7 +241,8 @@ struct mt_memo_ent {
 	__u16 pad2;
 	__u64 addr[MT_MEMO_WORDS];
 	__u64 val[MT_MEMO_WORDS];
-	__u8 oi[MT_MEMO_WORDS]; /* word i is ips[oi[i]] (0xff: not a frame, a saved rbp) */
+	__u8 oi[MT_MEMO_WORDS]; /* word i is ips[oi[i]] (0: not a frame, a saved rbp; ips[0] is
+				 * the key's, never a word's) */
 	/* Refill plan (mt_memo_plan): a replay that finds word i outside its
 	 * window reads rlen[i] bytes from addr[i] - rback[i] * 8, which hold
 	 * the following words too (0: the walk's 2 KiB refill). */
@@ -397,7 +401,7 @@ static __always_inline void mt_memo_rec(struct mt_unwind_ctx *c, __u64 addr, __u
 	if (k < MT_MEMO_WORDS) {
 		e->addr[k] = addr;
 		e->val[k] = val;
-		e->oi[k] = 0xff;
+		e->oi[k] = 0;
 	}
 	if (is_ra)
 		e->ra_k = k;
@@ -889,8 +893,8 @@ __attribute__((noinline)) int mt_memo_replay(struct mt_unwind_win *w, struct mt_
 		}
 		if (mt_uread16_fast(w, a, &p) || p.a != e->val[i])
 			return -1;
-		k = e->oi[i];
-		if (k < MT_MAX_FRAMES)
+		k = e->oi[i] & (MT_MAX_FRAMES - 1); /* (frame indexes are below it) */
+		if (k)
 			out->ips[k] = p.a;
 	}
 	out->nr = e->nr;

@@ -50,17 +50,28 @@ void HeapModel::apply(const void* data, size_t len) {
   memcpy(&h, data, sizeof(h));
   events_++;
   if (h.kind == MT_EV_STACK) {
-    if (len < offsetof(mt_stack, ips)) {
+    // Variable-size: the header and nr frames (MT_STACK_BYTES(nr)); a
+    // recording of an older build may carry the whole fixed-size record.
+    static_assert(offsetof(mt_stack, ips) == MT_STACK_HDR_BYTES);
+    const auto* p = static_cast<const char*>(data);
+    if (len < MT_STACK_HDR_BYTES) {
       malformed_++;
       return;
     }
-    const auto* s = static_cast<const mt_stack*>(data);
-    uint32_t nr = s->nr > MT_MAX_FRAMES ? MT_MAX_FRAMES : s->nr;
-    if (stacks_.count(s->stack_id)) return;
+    uint64_t id;
+    uint32_t nr;
+    memcpy(&id, p + offsetof(mt_stack, stack_id), sizeof id);
+    memcpy(&nr, p + offsetof(mt_stack, nr), sizeof nr);
+    if (nr > MT_MAX_FRAMES || len < MT_STACK_BYTES(size_t{nr})) {
+      malformed_++;
+      return;
+    }
+    if (stacks_.count(id)) return;
     Stack st;
-    st.ips.assign(s->ips, s->ips + nr);
-    st.truncated = s->h.flags & MT_F_STACK_TRUNCATED;
-    stacks_.emplace(s->stack_id, std::move(st));
+    st.ips.resize(nr);
+    memcpy(st.ips.data(), p + MT_STACK_HDR_BYTES, size_t{nr} * sizeof(uint64_t));
+    st.truncated = h.flags & MT_F_STACK_TRUNCATED;
+    stacks_.emplace(id, std::move(st));
     return;
   }
   if (len < sizeof(mt_event)) {

@@ -268,17 +268,29 @@ bool proc_kind(uint32_t k) {
   return k == MT_EV_EXEC || k == MT_EV_FORK || k == MT_EV_EXIT || k == MT_EV_LIBMAP;
 }
 
+// The stack records of a file, as its header describes them: this build's
+// (variable-size, MT_STACK_BYTES(nr)), or an older build's with a lower frame
+// limit (64 before issue 18), whose stack records all had its fixed
+// sizeof(mt_stack).
+struct StackLayout {
+  uint32_t frames = MT_MAX_FRAMES;  // the writer's MT_MAX_FRAMES
+  uint32_t fixed_bytes = 0;         // the older writer's sizeof(mt_stack); 0: variable-size records
+};
+
 // What is wrong with a record whose checksum matched ("" if nothing); j: the
 // parsed payload of a JSON record.
-std::string check_record(uint32_t type, const std::vector<char>& p, json* j) {
+std::string check_record(uint32_t type, const std::vector<char>& p, json* j, const StackLayout& sl) {
   mt_hdr h{};
   if (p.size() >= sizeof h) memcpy(&h, p.data(), sizeof h);
   switch (type) {
     case REC_EVENT:
-      if (p.size() == sizeof(mt_stack) && h.kind == MT_EV_STACK) {
+      if (p.size() >= MT_STACK_HDR_BYTES && h.kind == MT_EV_STACK) {
         uint32_t nr;
         memcpy(&nr, p.data() + offsetof(mt_stack, nr), sizeof nr);
-        if (nr > MT_MAX_FRAMES) return "stack record of " + num(nr) + " frames (at most " + num(MT_MAX_FRAMES) + ")";
+        if (nr > sl.frames) return "stack record of " + num(nr) + " frames (at most " + num(sl.frames) + ")";
+        if (sl.fixed_bytes ? p.size() != sl.fixed_bytes : p.size() != MT_STACK_BYTES(uint64_t{nr}))
+          return "stack record of " + num(p.size()) + " bytes for " + num(nr) + " frames (" +
+                 num(sl.fixed_bytes ? sl.fixed_bytes : MT_STACK_BYTES(uint64_t{nr})) + " bytes)";
         return "";
       }
       if (p.size() == sizeof(mt_event) && event_kind(h.kind)) {
@@ -293,7 +305,7 @@ std::string check_record(uint32_t type, const std::vector<char>& p, json* j) {
       return "event record of " + num(p.size()) + " bytes" +
              (p.size() >= sizeof h ? ", kind " + num(h.kind) : std::string()) + " (an event is " +
              num(sizeof(mt_event)) + " bytes of kind " + num(MT_EV_ALLOC) + " to " + num(MT_EV_FAULT) +
-             ", a stack " + num(sizeof(mt_stack)) + " bytes of kind " + num(MT_EV_STACK) + ")";
+             ", a stack " + num(MT_STACK_HDR_BYTES) + " + 8 per frame bytes of kind " + num(MT_EV_STACK) + ")";
     case REC_PROC:
       if (p.size() == sizeof(mt_proc_event) && proc_kind(h.kind)) {
         if (h.pid > kMaxPid) return "process record of pid " + num(h.pid);
@@ -360,7 +372,13 @@ RecordedFile read_recording(std::istream& in, const std::function<void(const nlo
   memcpy(sz, h.data(), sizeof sz);
   const uint32_t want[6] = {uint32_t(sizeof(mt_hdr)), uint32_t(sizeof(mt_event)), uint32_t(sizeof(mt_stack)),
                             uint32_t(sizeof(mt_proc_event)), uint32_t(MT_MAX_FRAMES), uint32_t(MT_COMM_LEN)};
-  if (memcmp(sz, want, sizeof want) != 0) {
+  // An older build's recording: the same records but fixed-size stacks of
+  // fewer frames (readable: every stack fits this build's).
+  StackLayout sl;
+  const bool older_stacks = sz[4] >= 1 && sz[4] < MT_MAX_FRAMES && sz[2] == MT_STACK_BYTES(uint64_t{sz[4]});
+  if (older_stacks) sl = StackLayout{sz[4], sz[2]};
+  if (sz[0] != want[0] || sz[1] != want[1] || sz[3] != want[3] || sz[5] != want[5] ||
+      !((sz[2] == want[2] && sz[4] == want[4]) || older_stacks)) {
     char b[256];
     snprintf(b, sizeof b,
              "record layouts at offset 16 differ from this build's (hdr/event/stack/proc/frames/comm "
@@ -406,7 +424,7 @@ RecordedFile read_recording(std::istream& in, const std::function<void(const nlo
       return fail(at, "corrupt record at offset " + num(at) + ": checksum mismatch (type " + num(type) +
                           ", length " + num(len) + ")");
     json j;
-    if (std::string e = check_record(type, payload, &j); !e.empty())
+    if (std::string e = check_record(type, payload, &j, sl); !e.empty())
       return fail(at, "corrupt record at offset " + num(at) + ": " + e);
     rf.records++;
     fn(Record{static_cast<RecType>(type), at, payload, j});

@@ -5,7 +5,10 @@
 //            sizeof(mt_stack), sizeof(mt_proc_event), MT_MAX_FRAMES,
 //            MT_COMM_LEN, u32 json length, JSON (mode, command, start time).
 //   records: u32 type, u32 payload length, u32 FNV-1a of the payload, payload.
-//     REC_EVENT  an events-ring record as BPF wrote it (mt_event or mt_stack)
+//     REC_EVENT  an events-ring record as BPF wrote it (mt_event, or mt_stack:
+//                MT_STACK_BYTES(nr) bytes, its header and nr frames; files of
+//                builds before issue 18's deeper stacks say 64 frames and hold
+//                whole 552-byte stack records: read as well)
 //     REC_PROC   a proc-events-ring record (mt_proc_event)
 //     REC_MAPS   JSON {"pid", "comm", "maps": [{"start","end","offset","dev","inode",
 //                "perms","path","build_id"}]}: executable mappings captured while
@@ -13,7 +16,8 @@
 //     REC_END    JSON {"processes": [{"pid","ppid","comm","exited","exit_status"}],
 //                "dropped", "stats", "errors", "mono_ns"}: final state at the
 //                end of tracing, the last record; its absence means the file is truncated.
-// Little-endian, this machine's layouts: the header's sizes must match.
+// Little-endian, this machine's layouts: the header's sizes must match (but
+// for an older build's fewer frames, fixed-size stack records).
 #pragma once
 #include <sys/types.h>
 
@@ -82,7 +86,8 @@ struct RecordedFile {
 };
 
 // One record, checked: REC_EVENT a whole mt_event (kinds MT_EV_ALLOC to
-// MT_EV_FAULT) or a whole mt_stack (nr <= MT_MAX_FRAMES); REC_PROC a whole
+// MT_EV_FAULT) or an mt_stack of exactly its nr frames (nr <= the file's
+// frame limit; an older file's whole fixed-size record); REC_PROC a whole
 // mt_proc_event of a lifecycle kind; pids from 0 to INT32_MAX, a fork's child
 // not its parent; REC_MAPS, REC_END JSON as described above.
 struct Record {

@@ -667,3 +667,65 @@ TEST_F(Features, ReplayOfACutOrCorruptRecordingNamesTheOffsetAndReportsWhatCameB
   EXPECT_NE(tx.out.find("HEAP SUMMARY"), std::string::npos) << tx.out;
   EXPECT_NE(tx.out.find("(incomplete: stopped at offset " + std::to_string(k2) + ")"), std::string::npos) << tx.out;
 }
+
+// Issue 18: a stack record is its header and its nr frames (MT_STACK_BYTES),
+// not MT_MAX_FRAMES slots; a record of any other length is refused. A
+// recording of a build before that (64 frames, every stack record 552 bytes)
+// still replays: this recording rewritten in that layout gives the same report.
+TEST_F(Features, StackRecordsAreSizedByTheirFramesAndOld64FrameRecordingsReplay) {
+  std::string rec = "/tmp/memtrace-test-" + std::to_string(getpid()) + "-frames.mtr";
+  ToolRun live = run_tool({"--record", rec, "--", target("alloc_rounds"), "--rounds", "3"});
+  ASSERT_EQ(live.code, 0) << live.err;
+  const std::string data = slurp(rec);
+  unlink(rec.c_str());
+  uint32_t hl, sz[5];
+  memcpy(&hl, data.data() + 12, 4);
+  memcpy(sz, data.data() + 16, sizeof sz);
+  EXPECT_EQ(sz[2], sizeof(mt_stack));
+  EXPECT_EQ(sz[4], uint32_t(MT_MAX_FRAMES));
+
+  const uint32_t kOldFrames = 64, kOldStack = MT_STACK_BYTES(kOldFrames);  // 552
+  std::string old = data.substr(0, 16 + hl);
+  put32(old, 16 + 8, kOldStack);
+  put32(old, 16 + 16, kOldFrames);
+  std::string longer = data;  // the first stack record 8 bytes longer than its frames
+  size_t stacks = 0;
+  for (const auto& r : records_of(data)) {
+    std::string p = data.substr(r.off + 12, r.len);
+    mt_hdr h{};
+    if (p.size() >= sizeof h) memcpy(&h, p.data(), sizeof h);
+    if (r.type == 1 && h.kind == MT_EV_STACK) {
+      uint32_t nr;
+      memcpy(&nr, p.data() + offsetof(mt_stack, nr), sizeof nr);
+      EXPECT_EQ(r.len, MT_STACK_BYTES(nr)) << "a stack record of " << nr << " frames";
+      ASSERT_LE(nr, kOldFrames) << "alloc_rounds' stacks are shallow";
+      if (stacks++ == 0) {
+        std::string q = p + std::string(8, '\0'), rh(12, '\0');
+        put32(rh, 0, 1);
+        put32(rh, 4, q.size());
+        put32(rh, 8, fnv1a(q.data(), q.size()));
+        longer = data.substr(0, r.off) + rh + q + data.substr(r.off + 12 + r.len);
+      }
+      p.resize(kOldStack, '\0');
+    }
+    std::string rh(12, '\0');
+    put32(rh, 0, r.type);
+    put32(rh, 4, p.size());
+    put32(rh, 8, fnv1a(p.data(), p.size()));
+    old += rh + p;
+  }
+  ASSERT_GT(stacks, 0u);
+  std::string tmp = "/tmp/memtrace-test-" + std::to_string(getpid()) + "-frames-replay.mtr";
+  Replayed now = replay_bytes(tmp, data);
+  Replayed before = replay_bytes(tmp, old);
+  ASSERT_EQ(now.r.code, 0) << now.r.err;
+  ASSERT_EQ(before.r.code, 0) << before.r.err;
+  ASSERT_TRUE(now.proc.is_object()) << now.r.out;
+  EXPECT_EQ(now.proc, before.proc);
+  EXPECT_FALSE(now.proc["leaks"].empty());
+  EXPECT_EQ(now.rep["dropped"], before.rep["dropped"]);
+
+  Replayed bad = replay_bytes(tmp, longer);
+  EXPECT_EQ(bad.r.code, 1) << bad.r.err;
+  EXPECT_NE(bad.r.err.find("stack record of"), std::string::npos) << bad.r.err;
+}

@@ -97,6 +97,35 @@ TEST(Report, LeaksGroupByStackLargestFirst) {
   EXPECT_EQ(g[1].blocks, 2u);
 }
 
+// Stack records are variable-size: the header and nr frames. The model takes
+// one whose length covers its frames (exactly, or the whole fixed-size record
+// an older build wrote), and counts any other as malformed.
+TEST(HeapModel, StackRecordsAreSizedByTheirFrames) {
+  HeapModel m;
+  mt_stack s{};
+  s.h.kind = MT_EV_STACK;
+  s.h.pid = 10;
+  auto stack = [&](uint64_t id, uint32_t nr, size_t len) {
+    s.stack_id = id;
+    s.nr = nr;
+    for (uint32_t i = 0; i < nr && i < MT_MAX_FRAMES; i++) s.ips[i] = 0x400000 + id * 0x1000 + i;
+    m.apply(&s, len);
+  };
+  stack(1, 3, MT_STACK_BYTES(3));                          // exact
+  stack(2, MT_MAX_FRAMES, MT_STACK_BYTES(MT_MAX_FRAMES));  // the deepest
+  stack(3, 5, sizeof s);                                   // the whole record
+  stack(4, 5, MT_STACK_BYTES(4));                          // one frame short
+  stack(5, MT_MAX_FRAMES + 1, sizeof s);                   // more frames than any record holds
+  stack(6, 0, MT_STACK_HDR_BYTES - 8);                     // not even the header
+  EXPECT_EQ(m.malformed_records(), 3u);
+  ASSERT_TRUE(m.stack(1) && m.stack(2) && m.stack(3));
+  EXPECT_FALSE(m.stack(4) || m.stack(5) || m.stack(6));
+  EXPECT_EQ(m.stack(1)->ips, (std::vector<uint64_t>{0x401000, 0x401001, 0x401002}));
+  ASSERT_EQ(m.stack(2)->ips.size(), size_t(MT_MAX_FRAMES));
+  EXPECT_EQ(m.stack(2)->ips.back(), 0x402000u + MT_MAX_FRAMES - 1);
+  EXPECT_EQ(m.stack(3)->ips.size(), 5u);
+}
+
 // ---------------------------------------------------------------- analyses (issue 19)
 
 namespace {

@@ -44,12 +44,13 @@ struct Ctx {
 int on_event(void* arg, void* data, size_t size) {
   auto* c = static_cast<Ctx*>(arg);
   auto* h = static_cast<mt_hdr*>(data);
-  if (h->kind == MT_EV_STACK && size >= sizeof(mt_stack)) {
+  if (h->kind == MT_EV_STACK && size >= MT_STACK_HDR_BYTES) {
     auto* s = static_cast<mt_stack*>(data);
+    if (s->nr > MT_MAX_FRAMES || size < MT_STACK_BYTES(size_t{s->nr})) return 0;  // (variable-size record)
     Stack st;
     st.count = 1;
     st.flags = s->h.flags;
-    st.ips.assign(s->ips, s->ips + std::min<uint32_t>(s->nr, MT_MAX_FRAMES));
+    st.ips.assign(s->ips, s->ips + s->nr);
     c->run->stacks.push_back(std::move(st));
     c->got_stack = true;
   } else if (h->kind == MT_EV_LIBMAP) {

@@ -3,7 +3,7 @@
 // the same functions, in the same order, as gdb's `bt` at a breakpoint on
 // the same malloc call; complete stacks must reach _start / clone3 without
 // the truncated flag, and the 200-deep recursion must be cut at
-// MT_MAX_FRAMES and marked truncated.
+// MT_MAX_FRAMES (128) and marked truncated.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -161,6 +161,57 @@ TEST(UnwindBpf, SharedLibraryWithoutFramePointers) { check({{kTarget, "shlib"}})
 TEST(UnwindBpf, CxxOperatorNewInTemplate) { check({{UNW_DIR "/cxx_target"}}); }
 TEST(UnwindBpf, Thread) { check({{kTarget, "thread"}, true}); }
 TEST(UnwindBpf, Recursion200Truncated) { check({{kTarget, "recurse"}, false, true}); }
+// Deeper than the old 64-frame limit, within MT_MAX_FRAMES: complete, as gdb.
+TEST(UnwindBpf, Recursion100Complete) { check({{kTarget, "recurse", "100"}}); }
+
+// The limit is exact: a stack of MT_MAX_FRAMES frames is complete, one frame
+// more is cut there and counted (MT_UC_TRUNC_DEPTH, MT_F_STACK_TRUNCATED).
+TEST(UnwindBpf, StackOfExactlyTheFrameLimitIsCompleteOneMoreIsCut) {
+  MEMTRACE_REQUIRE_ROOT();
+  harness::Options opt;
+  opt.mark_size = kMark;
+  auto one = [&](int depth) {
+    auto run = harness::trace({kTarget, "recurse", std::to_string(depth)}, opt);
+    EXPECT_TRUE(run.ok()) << run.error().message;
+    EXPECT_EQ(run.ok() ? run->stacks.size() : 0, 1u);
+    return run;
+  };
+  auto r100 = one(100);
+  ASSERT_TRUE(r100.ok() && r100->stacks.size() == 1);
+  const int frames100 = int(r100->stacks[0].ips.size());  // recurse's 101 frames and main's callers
+  ASSERT_LT(frames100, MT_MAX_FRAMES);
+  const int exact = 100 + MT_MAX_FRAMES - frames100;
+  auto at = one(exact);
+  ASSERT_TRUE(at.ok() && at->stacks.size() == 1);
+  EXPECT_EQ(at->stacks[0].ips.size(), size_t(MT_MAX_FRAMES));
+  EXPECT_FALSE(at->stacks[0].flags & MT_F_STACK_TRUNCATED);
+  EXPECT_EQ(at->counters[MT_UC_END_OUTERMOST], 1u);
+  EXPECT_EQ(at->counters[MT_UC_TRUNC_DEPTH], 0u);
+  auto past = one(exact + 1);
+  ASSERT_TRUE(past.ok() && past->stacks.size() == 1);
+  EXPECT_EQ(past->stacks[0].ips.size(), size_t(MT_MAX_FRAMES));
+  EXPECT_TRUE(past->stacks[0].flags & MT_F_STACK_TRUNCATED);
+  EXPECT_EQ(past->counters[MT_UC_END_OUTERMOST], 0u);
+  EXPECT_EQ(past->counters[MT_UC_TRUNC_DEPTH], 1u);
+  std::printf("frame limit %d: recursion %d complete, %d cut\n", MT_MAX_FRAMES, exact, exact + 1);
+}
+
+// A stack deeper than the old limit is kept by the walk memo too (one word
+// per frame at least: MT_MEMO_WORDS) and replayed exactly.
+TEST(UnwindBpf, WalkMemoReplaysDeepStacks) {
+  MEMTRACE_REQUIRE_ROOT();
+  harness::Options opt;
+  opt.mark_size = kMark;
+  auto run = harness::trace({kTarget, "recurse", "100", "50"}, opt);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  ASSERT_EQ(run->stacks.size(), 1u) << "one path, one stack";
+  EXPECT_EQ(run->stacks[0].count, 50u);
+  EXPECT_GT(run->stacks[0].ips.size(), 100u);
+  EXPECT_FALSE(run->stacks[0].flags & MT_F_STACK_TRUNCATED);
+  EXPECT_EQ(run->counters[MT_UC_STACKS], 50u);
+  EXPECT_EQ(run->counters[MT_UC_END_OUTERMOST], 50u);
+  EXPECT_GE(run->counters[MT_UC_MEMO_HITS], 48u) << "deep stacks are not replayed";
+}
 
 // The walk memo (bpf/unwind.bpf.h) replays a stack when the registers, the
 // first frame and every stack word the last walk from there read are the

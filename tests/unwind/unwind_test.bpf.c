@@ -40,7 +40,7 @@ SEC("uprobe")
 int BPF_KPROBE(on_malloc, __u64 size)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 zero = 0, flags;
+	__u32 zero = 0, flags, nr;
 	struct mt_stack *s;
 	__u64 id, one = 1, *cnt;
 
@@ -69,7 +69,11 @@ int BPF_KPROBE(on_malloc, __u64 size)
 	s->h.tid = (__u32)pid_tgid;
 	s->h.ts = bpf_ktime_get_ns();
 	s->stack_id = id;
-	bpf_ringbuf_output(&rb, s, sizeof(*s), 0);
+	/* variable-size, as memtrace.bpf.c sends it */
+	nr = s->nr;
+	if (nr > MT_MAX_FRAMES)
+		nr = MT_MAX_FRAMES;
+	bpf_ringbuf_output(&rb, s, MT_STACK_BYTES(nr), 0);
 	return 0;
 }
 

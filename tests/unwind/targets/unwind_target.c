@@ -4,6 +4,8 @@
  * test compares the BPF stack of that malloc with gdb's `bt`.
  *
  *   unwind_target MODE      MODE: chain | qsort | shlib | thread | recurse | memo
+ *   unwind_target recurse [DEPTH [TIMES]]   recursion DEPTH deep (default 200),
+ *                           TIMES allocations from there (default 1; the others freed)
  *
  * memo makes MEMO_CALLS allocations of UNW_MARK bytes through three paths in
  * a pseudo-random order (the test repeats the sequence to know the counts).
@@ -101,6 +103,8 @@ MEMO_WRAPPER(w_b, m_b)
 NOINL void *thread_work(size_t n) { void *p = malloc(n); sink++; return p; }
 NOINL void *thread_main(void *arg) { keep = thread_work(UNW_MARK); sink++; return NULL; }
 
+static int rec_depth = 200, rec_times = 1;
+
 NOINL void run(const char *mode)
 {
 	if (!strcmp(mode, "chain")) {
@@ -117,7 +121,10 @@ NOINL void run(const char *mode)
 		pthread_create(&t, NULL, thread_main, NULL);
 		pthread_join(t, NULL);
 	} else if (!strcmp(mode, "recurse")) {
-		keep = recurse(200, UNW_MARK);
+		for (int i = 0; i < rec_times; i++) {
+			free(keep);
+			keep = recurse(rec_depth, UNW_MARK);
+		}
 	} else if (!strcmp(mode, "memo")) {
 		/* calibrate w_b's alloca (1-byte mallocs: not marked) */
 		size_t pad = 0;
@@ -158,6 +165,10 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return 2;
+	if (argc > 2)
+		rec_depth = atoi(argv[2]);
+	if (argc > 3)
+		rec_times = atoi(argv[3]);
 	run(argv[1]);
 	return 0;
 }
