@@ -283,6 +283,9 @@ void HeapModel::seal_some(std::chrono::steady_clock::duration budget) {
     sealing_.pop_front();
     individual_ended_++;
     individual_entries_ += p.stack_allocs.size();
+    Kept& k = kept_[p.comm];
+    k.images.push_back(&p);
+    k.entries += p.stack_allocs.size();
     while ((image_cap_ && individual_ended_ > image_cap_) || (entry_cap_ && individual_entries_ > entry_cap_))
       if (!merge_one(individual_entries_ > entry_cap_ && entry_cap_)) break;
     if (std::chrono::steady_clock::now() >= deadline) break;
@@ -311,27 +314,29 @@ void HeapModel::ended(std::unique_ptr<Process> p) {
 // The command name with the most images kept one by one (by_entries: the
 // most per-stack entries in them) gives its oldest to its merged entry.
 bool HeapModel::merge_one(bool by_entries) {
-  std::map<std::string, size_t> count;
-  for (const auto& e : ended_)
-    if (e->sealed) count[e->comm] += by_entries ? e->stack_allocs.size() : 1;
-  auto most = std::max_element(count.begin(), count.end(),
-                               [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (most == count.end()) return false;
-  auto oldest = std::find_if(ended_.begin(), ended_.end(),
-                             [&](const auto& e) { return e->sealed && e->comm == most->first; });
-  auto& group = groups_[most->first];
+  auto most = kept_.end();
+  for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+    size_t n = by_entries ? it->second.entries : it->second.images.size();
+    if (n && (most == kept_.end() || n > (by_entries ? most->second.entries : most->second.images.size()))) most = it;
+  }
+  if (most == kept_.end()) return false;
+  Process* img = most->second.images.front();
+  most->second.images.pop_front();
+  most->second.entries -= img->stack_allocs.size();
+  auto& group = groups_[img->comm];
   if (!group) {
     group = std::make_unique<Process>();
-    group->comm = most->first;
+    group->comm = img->comm;
     group->sealed = true;
     group->exited = true;
-    group->pid = (*oldest)->pid;
+    group->pid = img->pid;
   }
-  merge_into(*group, **oldest);
-  individual_entries_ -= (*oldest)->stack_allocs.size();
-  ended_.erase(oldest);
+  merge_into(*group, *img);
+  individual_entries_ -= img->stack_allocs.size();
   individual_ended_--;
   merged_total_++;
+  if (most->second.images.empty()) kept_.erase(most);
+  ended_.erase(std::find_if(ended_.begin(), ended_.end(), [&](const auto& e) { return e.get() == img; }));
   return true;
 }
 

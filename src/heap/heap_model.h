@@ -393,6 +393,13 @@ class HeapModel {
   SealStats seal_stats_;
   size_t merged_total_ = 0;
   std::map<std::string, std::unique_ptr<Process>> groups_;  // merged entries by comm
+  // Sealed ended images kept one by one, by comm, oldest first (what
+  // merge_one picks from), and their per-stack entries.
+  struct Kept {
+    std::deque<Process*> images;
+    size_t entries = 0;
+  };
+  std::map<std::string, Kept> kept_;
   Process* last_ = nullptr;
   uint64_t malformed_ = 0, missing_stacks_ = 0, events_ = 0;
   bool faults_ = false;

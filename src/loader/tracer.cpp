@@ -394,7 +394,9 @@ void Tracer::retire_exited(bool all) {
     Exited x = exited_.front();
     exited_.pop_front();
     model_.on_exit(x.pid, x.code);
-    if (model_.retire(x.pid, !system_wide_)) resolver_.forget(x.pid);
+    if (!model_.retire(x.pid, !system_wide_)) continue;  // a new process has the pid
+    resolver_.forget(x.pid);
+    if (auto it = procs_.find(x.pid); it != procs_.end() && it->second.exited) procs_.erase(it);  // -c: one per process
   }
 }
 
