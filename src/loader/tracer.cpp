@@ -858,16 +858,21 @@ void Tracer::detach_probes() {
 int Tracer::consume() {
   constexpr uint32_t kEventSlice = 512;
   int total = 0;
-  if (ring_pos_[0] && ring_pos_[1]) {
-    uint64_t queued = __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) - __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE);
-    ring_peak_ = std::max(ring_peak_, queued);
-  }
+  // The backlog at its largest: before each slice (a drain that falls
+  // behind stays in here, slice after slice).
+  auto sample_backlog = [this] {
+    if (ring_pos_[0] && ring_pos_[1]) {
+      uint64_t queued = __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) - __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE);
+      ring_peak_ = std::max(ring_peak_, queued);
+    }
+  };
   // At most ~100 ms per call: the caller checks --duration, Ctrl-C and its
   // program between calls. A ring that never empties (two system-wide
   // tracers tracing each other's allocations) kept the tool here for good,
   // deaf to SIGINT.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   for (;;) {
+    sample_backlog();
     int a = ring_buffer__consume(rb_);
     if (a < 0) return a;
     budget_ = kEventSlice;
