@@ -387,6 +387,29 @@ std::string now_text() {
   return b;
 }
 
+// Stacks kept whole per image (or group) when a page shows `parts` of them.
+size_t stacks_cap(const HtmlOptions& ho, size_t parts) {
+  return parts ? std::min(ho.max_stacks, std::max(ho.min_stacks, ho.max_stacks_total / parts)) : ho.max_stacks;
+}
+
+// The page with its data in it.
+Result<void> write_page(std::ostream& os, const html_assets::Page& page, const json& data) {
+  // In a <script> element only "</script" or "<!--" could end or confuse
+  // the data: '<' appears in JSON text only inside strings, where \u003c
+  // reads back as the same character.
+  std::string text = json_text(data);
+  std::string safe;
+  safe.reserve(text.size() + text.size() / 64);
+  for (char c : text) {
+    if (c == '<') safe += "\\u003c";
+    else safe += c;
+  }
+  os << page.head << safe << page.tail;
+  os.flush();
+  if (!os) return Error::msg("write failed");
+  return {};
+}
+
 }  // namespace
 
 json html_data(const heap::HeapModel& m, const Resolver& r, const Options& o, const HtmlOptions& ho) {
@@ -402,8 +425,7 @@ json html_data(const heap::HeapModel& m, const Resolver& r, const Options& o, co
         shown.emplace_back(p, &jp);
         break;
       }
-  size_t cap = ho.max_stacks;
-  if (!shown.empty()) cap = std::min(cap, std::max(ho.min_stacks, ho.max_stacks_total / shown.size()));
+  size_t cap = stacks_cap(ho, shown.size());
   Tables t;
   json images = json::array();
   for (const auto& [p, jp] : shown) images.push_back(image_json(m, r, t, *p, *jp, cap, ho));
@@ -424,20 +446,7 @@ json html_data(const heap::HeapModel& m, const Resolver& r, const Options& o, co
 
 Result<void> write_html(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                         const HtmlOptions& ho) {
-  // In a <script> element only "</script" or "<!--" could end or confuse
-  // the data: '<' appears in JSON text only inside strings, where \u003c
-  // reads back as the same character.
-  std::string text = json_text(html_data(m, r, o, ho));
-  std::string safe;
-  safe.reserve(text.size() + text.size() / 64);
-  for (char c : text) {
-    if (c == '<') safe += "\\u003c";
-    else safe += c;
-  }
-  os << html_assets::head() << safe << html_assets::tail();
-  os.flush();
-  if (!os) return Error::msg("write failed");
-  return {};
+  return write_page(os, html_assets::report(), html_data(m, r, o, ho));
 }
 
 }  // namespace memtrace::report

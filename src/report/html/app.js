@@ -7,8 +7,7 @@
 // are set as text (d3 .text, textContent), never parsed as HTML.
 (function () {
   "use strict";
-  const data = JSON.parse(document.getElementById("memtrace-data").textContent);
-  const str = (i) => (i >= 0 ? data.strings[i] : "");
+  const { data, group, bytes, amount, seconds, frameName, frameLocation, el, table, buildTree, flameGraph } = memtracePage();
 
   // The flame graph's values; a kind is offered when the image has its column.
   const KINDS = [
@@ -22,52 +21,15 @@
   const kindOf = (key) => KINDS.find((k) => k.key === key);
 
   // ---- formatting
-  const group = d3.format(",d");
-  function bytes(v) {
-    const units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    let x = v;
-    while (x >= 1024 && i < units.length - 1) {
-      x /= 1024;
-      i++;
-    }
-    return i === 0 ? `${group(v)} bytes` : `${x.toFixed(x < 10 ? 2 : 1)} ${units[i]}`;
-  }
-  function amount(v, unit) {
-    return unit === "bytes" ? bytes(v) : `${group(v)} ${unit}`;
-  }
-  function seconds(ns) {
-    const s = ns / 1e9;
-    return s < 10 ? `${s.toFixed(3)} s` : `${s.toFixed(1)} s`;
-  }
   function duration(ns) {
     if (ns < 1e3) return `${ns} ns`;
     if (ns < 1e6) return `${+(ns / 1e3).toPrecision(3)} µs`;
     if (ns < 1e9) return `${+(ns / 1e6).toPrecision(3)} ms`;
     return `${+(ns / 1e9).toPrecision(3)} s`;
   }
-  function frameName(f) {
-    return str(data.frames[f][0]);
-  }
-  function frameLocation(f) {
-    const fr = data.frames[f];
-    const file = str(fr[1]);
-    const mod = str(fr[3]);
-    let s = file ? `${file}:${fr[2]}` : "";
-    if (mod) s += `${s ? " " : ""}in ${mod.slice(mod.lastIndexOf("/") + 1)}`;
-    if (fr[4]) s += " (inlined)";
-    return s;
-  }
-  function el(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
-    for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    return e;
-  }
-
   // ---- state
   const images = data.images;
-  const state = { img: null, kind: "live_bytes", range: null, chart: null };
+  const state = { img: null, kind: "live_bytes", range: null };
   if (!images.length) {
     document.getElementById("summary").textContent = "No process allocated anything while traced.";
     return;
@@ -92,9 +54,14 @@
     state.kind = valueSelect.value;
     drawFlame();
   });
-  const search = document.getElementById("search");
-  search.addEventListener("input", () => applySearch());
-  document.getElementById("reset-zoom").addEventListener("click", () => state.chart && state.chart.resetZoom());
+  const flame = flameGraph(
+    (d) => {
+      const pct = ((100 * d.value) / (state.treeValue || 1)).toFixed(2);
+      const loc = d.data.f !== undefined ? frameLocation(d.data.f) : "";
+      return `${d.data.name}: ${amount(d.value, state.unit)} (${pct}%)${loc ? " — " + loc : ""}`;
+    },
+    () => state.unit,
+  );
   document.getElementById("range-clear").addEventListener("click", () => clearRange());
 
   const footer = document.getElementById("footer");
@@ -258,33 +225,6 @@
   }
 
   // ---- flame graph
-  function buildTree(im, values) {
-    const root = { name: `${im.comm} (${im.pid})`, value: 0, children: [] };
-    const index = new Map(); // node -> Map(name -> child)
-    index.set(root, new Map());
-    for (let i = 0; i < im.stacks.length; i++) {
-      const v = values[i];
-      if (!v) continue;
-      root.value += v;
-      let node = root;
-      for (const f of im.stacks[i]) {
-        const name = frameName(f);
-        const kids = index.get(node);
-        let child = kids.get(name);
-        if (!child) {
-          child = { name, value: 0, children: [], f };
-          if (data.frames[f][4]) child.l = "inlined";
-          kids.set(name, child);
-          index.set(child, new Map());
-          node.children.push(child);
-        }
-        child.value += v;
-        node = child;
-      }
-    }
-    return root;
-  }
-
   function drawFlame() {
     const im = state.img;
     const kind = kindOf(state.kind);
@@ -305,83 +245,18 @@
       title = kind.label;
       if (kind.count) extra = ` in ${group(d3.sum(im.values[kind.count]))} ${kind.key === "live_bytes" ? "blocks" : "allocations"}`;
     }
-    const tree = buildTree(im, values);
+    const tree = buildTree(`${im.comm} (${im.pid})`, im.stacks, values);
     const total = document.getElementById("total");
     total.textContent = `${title}: ${amount(tree.value, unit)}${extra}`;
     total.dataset.value = String(tree.value);
     total.dataset.kind = state.range ? `range:${unit}` : kind.key;
 
-    const box = document.getElementById("flame");
-    const width = Math.max(400, box.clientWidth || document.body.clientWidth - 40);
-    if (!state.chart || state.chartImage !== im || state.chartWidth !== width) {
-      box.textContent = "";
-      const chart = flamegraph
-        .default()
-        .width(width)
-        .cellHeight(18)
-        .minFrameSize(1)
-        .transitionDuration(300)
-        .sort(true)
-        .setDetailsElement(document.getElementById("details"))
-        .setSearchMatch((d, term) => !!term && d.data.name.toLowerCase().includes(term.toLowerCase()))
-        .setSearchHandler((results, sum, totalValue) => {
-          document.getElementById("details").textContent = results.length
-            ? `search: ${amount(sum, state.unit)} of ${amount(totalValue, state.unit)} (${((100 * sum) / (totalValue || 1)).toFixed(1)}%) in ${results.length} frames`
-            : "search: no frame matches";
-        });
-      chart.label((d) => {
-        const pct = ((100 * d.value) / (state.treeValue || 1)).toFixed(2);
-        const loc = d.data.f !== undefined ? frameLocation(d.data.f) : "";
-        return `${d.data.name}: ${amount(d.value, state.unit)} (${pct}%)${loc ? " — " + loc : ""}`;
-      });
-      state.chart = chart;
-      state.chartImage = im;
-      state.chartWidth = width;
-      state.unit = unit;
-      state.treeValue = tree.value;
-      d3.select(box).datum(tree).call(chart);
-    } else {
-      state.unit = unit;
-      state.treeValue = tree.value;
-      state.chart.update(tree);
-    }
-    if (search.value) applySearch();
-  }
-
-  function applySearch() {
-    if (!state.chart) return;
-    if (search.value) state.chart.search(search.value);
-    else {
-      state.chart.clear();
-      document.getElementById("details").textContent = "";
-    }
+    state.unit = unit;
+    state.treeValue = tree.value;
+    flame.draw(tree, im);
   }
 
   // ---- tables of stacks
-  // The stack cell: the innermost frame and where it is, the whole stack below.
-  function stackCell(im, i) {
-    const frames = im.stacks[i];
-    const td = el("td");
-    if (!frames.length) {
-      td.append("(no stack)");
-      return td;
-    }
-    const inner = frames[frames.length - 1];
-    td.append(el("div", { class: "fn" }, frameName(inner)), el("div", { class: "loc" }, frameLocation(inner)));
-    // Its caller too: the innermost frame is often an allocator's wrapper (operator new).
-    if (frames.length > 1)
-      td.append(el("div", { class: "loc" }, "called from ", el("span", { class: "fn" }, frameName(frames[frames.length - 2]))));
-    if (frames.length > 1) {
-      const det = el("details", {}, el("summary", {}, `${frames.length} frames`));
-      const ol = el("ol");
-      for (let j = frames.length - 1; j >= 0; j--)
-        ol.append(el("li", {}, el("span", { class: "fn" }, frameName(frames[j])), " ", el("span", { class: "loc" }, frameLocation(frames[j]))));
-      det.append(ol);
-      td.append(det);
-    }
-    return td;
-  }
-
   // The stacks with the largest `key`, largest first, n at most.
   function topStacks(im, key, n) {
     const v = im.values[key];
@@ -390,22 +265,6 @@
     for (let i = 0; i < v.length; i++) if (v[i]) idx.push(i);
     idx.sort((a, b) => v[b] - v[a]);
     return idx.slice(0, n);
-  }
-
-  // columns: [header, (i) => value, class]
-  function table(im, rows, columns) {
-    const t = el("table");
-    const head = el("tr");
-    for (const [h, , cls] of columns) head.append(el("th", cls ? { class: cls } : {}, h));
-    head.append(el("th", {}, "allocation stack (innermost first)"));
-    t.append(head);
-    for (const i of rows) {
-      const tr = el("tr");
-      for (const [, f, cls] of columns) tr.append(el("td", cls ? { class: cls } : {}, f(i)));
-      tr.append(stackCell(im, i));
-      t.append(tr);
-    }
-    return t;
   }
 
   function drawPeak(im) {

@@ -1,12 +1,14 @@
-// The HTML report's page, built into the program (src/report/html/embed.js
-// writes html_assets.cpp from page.html, app.js, app.css and the npm
-// libraries they inline): the page up to where the data goes, and after it.
+// The HTML report's pages, built into the program (src/report/html/embed.js
+// writes html_assets.cpp from page.html, the scripts and styles
+// and the npm libraries they inline).
 #pragma once
 #include <string_view>
 
 namespace memtrace::report::html_assets {
 
-std::string_view head();
-std::string_view tail();
+struct Page {
+  std::string_view head, tail;  // the page up to where the data goes, and after it
+};
+Page report();  // page.html: one trace (report::write_html)
 
 }  // namespace memtrace::report::html_assets
