@@ -13,6 +13,8 @@
 #include "loader/output_file.h"
 #include "loader/recording.h"
 #include "report/diff.h"
+#include "report/html.h"
+#include "report/outputs.h"
 #include "symbolize/debuginfod.h"
 #include "symbolize/symbolize.h"
 
@@ -90,8 +92,10 @@ int run_diff(int argc, char** argv) {
                "memtrace-bpf diff"};
   app.add_option("a", a, "The earlier recording or JSON report")->required();
   app.add_option("b", b, "The later one")->required();
-  app.add_option("-o,--output", output, "Write the diff to FILE (default stdout); .json: JSON");
-  app.add_option("--format", format, "text (default) or json")->check(CLI::IsMember({"text", "json"}));
+  app.add_option("-o,--output", output,
+                 "Write the diff to FILE (default stdout); .json: JSON, .html: one offline page with a "
+                 "differential flame graph");
+  app.add_option("--format", format, "text (default), json or html")->check(CLI::IsMember({"text", "json", "html"}));
   app.add_option("--top", top, "Stacks shown per section and program (default 10)");
   app.add_option("--by", by,
                  "Match frames by function, file and line (line, default) or by function only (function: "
@@ -117,8 +121,9 @@ int run_diff(int argc, char** argv) {
     std::cerr << "memtrace-bpf: diff: " << bad << "\n";
     return 2;
   }
-  bool json = format.empty() ? output.size() > 5 && output.compare(output.size() - 5, 5, ".json") == 0
-                             : format == "json";
+  // Else by -o's extension: .json, .html; any other, text.
+  if (auto f = report::format_of_extension(output); format.empty() && f)
+    if (*f == report::Format::Json || *f == report::Format::Html) format = report::to_string(*f);
   auto match = by == "function" ? report::DiffMatch::Function : report::DiffMatch::Line;
   // The output file first: one that cannot be written costs nothing.
   std::unique_ptr<std::ofstream> file;
@@ -134,9 +139,11 @@ int run_diff(int argc, char** argv) {
   if (la.code == 2) return 2;
   Loaded lb = load(b, ro, match);
   if (lb.code == 2) return 2;
-  report::Diff d = report::diff_sides(la.side, lb.side, match, top);
+  // The page's flame graph draws every stack, its tables the first --top.
+  report::Diff d = report::diff_sides(la.side, lb.side, match, top, format == "html");
   std::ostream& os = file ? *file : std::cout;
-  if (json) os << report::json_text(report::diff_json(d), 2) << "\n";
+  if (format == "json") os << report::json_text(report::diff_json(d), 2) << "\n";
+  else if (format == "html") (void)report::write_diff_html(os, d, {});  // a failed write: said below
   else report::write_diff_text(os, d);
   os.flush();
   if (!os) {

@@ -292,7 +292,7 @@ Result<DiffSide> diff_side(const nlohmann::json& j, DiffMatch match, const std::
   return side;
 }
 
-Diff diff_sides(const DiffSide& a, const DiffSide& b, DiffMatch match, size_t top) {
+Diff diff_sides(const DiffSide& a, const DiffSide& b, DiffMatch match, size_t top, bool every_stack) {
   Diff d;
   d.a_name = a.name;
   d.b_name = b.name;
@@ -332,7 +332,8 @@ Diff diff_sides(const DiffSide& a, const DiffSide& b, DiffMatch match, size_t to
     put(gb, true);
     if (!g.allocs_by_stack)
       for (auto& r : rows) r.a.allocs = r.a.alloc_bytes = r.b.allocs = r.b.alloc_bytes = 0;
-    sort_rows(rows, g, top);
+    sort_rows(rows, g, top, every_stack ? &g.shown : nullptr);
+    if (every_stack) g.stacks = std::move(rows);
     for (const auto* side : {&ga, &gb})
       if (side->listed < side->total)
         d.notes.push_back((side == &ga ? a.name : b.name) + " lists " + std::to_string(side->listed) + " of the " +

@@ -58,6 +58,11 @@ struct DiffGroup {
   DiffSection grew;    // more bytes (or blocks) in use
   DiffSection shrank;  // fewer
   DiffSection churn;   // in use unchanged, allocations changed
+  // Only from diff_sides(..., every_stack) (the HTML page's flame graph):
+  // every stack of either side, the unchanged ones too, and which of them
+  // the sections' rows are, in order (grew's, then shrank's, then churn's).
+  std::vector<DiffRow> stacks;
+  std::vector<size_t> shown;
 };
 
 struct Diff {
@@ -92,7 +97,7 @@ DiffSide diff_side(const heap::HeapModel& m, const Resolver& r, DiffMatch match,
 // A JSON report (memtrace-bpf -o x.json, replay --format json): the leak
 // groups it lists; allocations per stack are not in it. An error if j is not one.
 Result<DiffSide> diff_side(const nlohmann::json& j, DiffMatch match, const std::string& name);
-Diff diff_sides(const DiffSide& a, const DiffSide& b, DiffMatch match, size_t top);
+Diff diff_sides(const DiffSide& a, const DiffSide& b, DiffMatch match, size_t top, bool every_stack = false);
 
 // ---- the console: snapshot, later diff
 struct HeapSnapshot {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cinttypes>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <unordered_map>
 
@@ -410,6 +411,102 @@ Result<void> write_page(std::ostream& os, const html_assets::Page& page, const j
   return {};
 }
 
+// ---- the diff page
+// Its value columns (diff.js KINDS, and the tables' blocks).
+struct DiffCol {
+  const char* name;
+  int64_t DiffCounts::*field;
+  bool allocs;  // counted by stack only when the group's allocs_by_stack
+};
+constexpr DiffCol kDiffCols[] = {{"live_bytes", &DiffCounts::live_bytes, false},
+                                 {"live_blocks", &DiffCounts::live_blocks, false},
+                                 {"alloc_bytes", &DiffCounts::alloc_bytes, true},
+                                 {"alloc_count", &DiffCounts::allocs, true}};
+constexpr size_t kDiffColCount = std::size(kDiffCols);
+
+// A row's frames for the page, outermost first.
+json diff_frames(Tables& t, const DiffRow& r) {
+  json out = json::array();
+  if (r.truncated) out.push_back(t.synthetic("[truncated]"));
+  for (auto f = r.frames.rbegin(); f != r.frames.rend(); ++f)
+    out.push_back(t.frame(frame_label(*f), f->file, f->line, f->module, f->inlined));
+  if (out.empty()) out.push_back(t.synthetic("[no stack]"));
+  return out;
+}
+
+// Which of g's stacks the page keeps whole: every one a section lists, and
+// up to `cap` with the largest share of a column's widths (the larger of A
+// and B) or of its changes.
+std::vector<bool> diff_kept(const DiffGroup& g, size_t cap) {
+  const size_t n = g.stacks.size();
+  if (n <= cap) return std::vector<bool>(n, true);
+  // Per stack and column: its width, its change.
+  auto part = [&](size_t i, size_t c, bool change) {
+    int64_t a = g.stacks[i].a.*kDiffCols[c].field, b = g.stacks[i].b.*kDiffCols[c].field;
+    return static_cast<double>(change ? std::abs(b - a) : std::max(a, b));
+  };
+  std::array<double, 2 * kDiffColCount> total{};
+  for (size_t i = 0; i < n; i++)
+    for (size_t c = 0; c < 2 * kDiffColCount; c++) total[c] += part(i, c / 2, c % 2);
+  std::vector<std::pair<double, size_t>> order;
+  for (size_t i = 0; i < n; i++) {
+    double share = 0;
+    for (size_t c = 0; c < 2 * kDiffColCount; c++)
+      if (total[c] > 0) share = std::max(share, part(i, c / 2, c % 2) / total[c]);
+    order.emplace_back(share, i);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::vector<bool> kept(n, false);
+  for (size_t i : g.shown) kept[i] = true;
+  for (size_t k = 0; k < cap; k++) kept[order[k].second] = true;
+  return kept;
+}
+
+// jg: the group as diff_json writes it.
+json diff_group_json(Tables& t, const DiffGroup& g, json jg, size_t cap) {
+  std::vector<bool> kept = diff_kept(g, cap);
+  std::vector<size_t> at(g.stacks.size());
+  json stacks = json::array();
+  std::vector<const DiffRow*> rows;
+  DiffRow other;
+  size_t others = 0;
+  for (size_t i = 0; i < g.stacks.size(); i++) {
+    if (!kept[i]) {
+      for (auto side : {&DiffRow::a, &DiffRow::b})
+        for (const auto& col : kDiffCols) other.*side.*col.field += g.stacks[i].*side.*col.field;
+      others++;
+      continue;
+    }
+    at[i] = rows.size();
+    rows.push_back(&g.stacks[i]);
+    stacks.push_back(diff_frames(t, g.stacks[i]));
+  }
+  if (others) {
+    rows.push_back(&other);
+    stacks.push_back(json::array({t.synthetic("(" + std::to_string(others) + " other stacks)")}));
+  }
+  json values = json::object();
+  for (const auto& col : kDiffCols) {
+    if (col.allocs && !g.allocs_by_stack) continue;
+    json a = json::array(), b = json::array();
+    for (const DiffRow* r : rows) {
+      a.push_back(r->a.*col.field);
+      b.push_back(r->b.*col.field);
+    }
+    values[col.name] = {{"a", std::move(a)}, {"b", std::move(b)}};
+  }
+  // The sections' rows: their stack among the page's.
+  size_t shown = 0;
+  for (const char* sec : {"grew", "shrank", "churn"})
+    for (auto& row : jg[sec]["stacks"]) row["stack"] = at[g.shown.at(shown++)];
+  jg["stacks"] = std::move(stacks);
+  jg["values"] = std::move(values);
+  jg["stacks_total"] = g.stacks.size();
+  jg["kept_stacks"] = g.stacks.size() - others;
+  jg["other_stacks"] = others;
+  return jg;
+}
+
 }  // namespace
 
 json html_data(const heap::HeapModel& m, const Resolver& r, const Options& o, const HtmlOptions& ho) {
@@ -447,6 +544,32 @@ json html_data(const heap::HeapModel& m, const Resolver& r, const Options& o, co
 Result<void> write_html(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                         const HtmlOptions& ho) {
   return write_page(os, html_assets::report(), html_data(m, r, o, ho));
+}
+
+json diff_html_data(const Diff& d, const HtmlOptions& ho) {
+  json jd = diff_json(d)["diff"];
+  size_t cap = stacks_cap(ho, d.groups.size());
+  Tables t;
+  json groups = json::array();
+  for (size_t i = 0; i < d.groups.size(); i++)
+    groups.push_back(diff_group_json(t, d.groups[i], std::move(jd["groups"][i]), cap));
+  return {
+      {"format", "memtrace-bpf diff html"},
+      {"version", 1},
+      {"generated", now_text()},
+      {"a", jd["a"]},
+      {"b", jd["b"]},
+      {"match", jd["match"]},
+      {"notes", jd["notes"]},
+      {"limits", {{"stacks_per_group", cap}}},
+      {"strings", t.strings()},
+      {"frames", t.frames()},
+      {"groups", std::move(groups)},
+  };
+}
+
+Result<void> write_diff_html(std::ostream& os, const Diff& d, const HtmlOptions& ho) {
+  return write_page(os, html_assets::diff(), diff_html_data(d, ho));
 }
 
 }  // namespace memtrace::report

@@ -15,6 +15,7 @@
 
 #include "common/result.h"
 #include "heap/heap_model.h"
+#include "report/diff.h"
 #include "report/report.h"
 
 namespace memtrace::report {
@@ -41,5 +42,15 @@ nlohmann::json html_data(const heap::HeapModel& m, const Resolver& r, const Opti
 // The page with html_data() in it. "write failed" when os fails.
 Result<void> write_html(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                         const HtmlOptions& ho);
+
+// The diff page (`memtrace-bpf diff A B -o d.html`, src/report/html/diff.js),
+// of d made by diff_sides(..., every_stack): per group (a program), the
+// stacks of either side with their values in A and in B for the
+// differential flame graph, and diff_json's group whose sections' rows name
+// their stack by its index among them. The stacks that changed the most are
+// kept whole (ho's caps, per group as per image), with every row a section
+// lists; the others are added up in one frame "(N other stacks)".
+nlohmann::json diff_html_data(const Diff& d, const HtmlOptions& ho);
+Result<void> write_diff_html(std::ostream& os, const Diff& d, const HtmlOptions& ho);
 
 }  // namespace memtrace::report

@@ -2,13 +2,15 @@
 // real tool: tests/targets/alloc_rounds leaks 33 bytes from leak_here per
 // round and makes 11 other allocations per round that it frees, so two runs
 // of 10 and 30 rounds differ by exactly 20 rounds, and so does the console
-// between a snapshot and a diff around N rounds.
+// between a snapshot and a diff around N rounds. The diff's HTML page is
+// used in headless Chromium (tests/report/html_check.js).
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
 #include "harness.h"
+#include "html_check.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
@@ -146,6 +148,110 @@ TEST_F(Diff, BadInputIsOneLineAndACutRecordingIsComparedAsFarAsItGoes) {
   EXPECT_NE(r.err.find("; compared the "), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.out.find("DIFF " + cut + " -> " + a.mtr), std::string::npos) << r.out;
+}
+
+// 1234567 -> "1,234,567", as the page writes counts.
+std::string grouped(long v) {
+  std::string s = std::to_string(std::abs(v));
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return (v < 0 ? "-" : "") + s;
+}
+
+// The diff as a page (-o d.html), in Chromium: the differential flame graph
+// shows leak_here grown by exactly the extra rounds' leaks, in red; a click
+// zooms; the values switch to allocations (B - A: the extra rounds'); the
+// grew table names leak_here with its file:line and its delta; nothing is
+// fetched. Two JSON reports: in use only. Bad input: one line, exit 2.
+TEST_F(Diff, HtmlPageOfTwoRecordingsInChromium) {
+  if (access(CHROMIUM_BIN, X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no headless Chromium (Debian chromium)");
+  if (access(NODE_BIN, X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no node");
+  constexpr long kA = 10, kB = 30, kD = kB - kA;
+  Recorded a, b;
+  ASSERT_TRUE(a.make(kA));
+  ASSERT_TRUE(b.make(kB));
+  const PerRound& per = a.per;
+  std::string page = tmpfile("diff") + ".html";
+  ToolRun r = run_argv({tool(), "diff", a.mtr, b.mtr, "-o", page});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  auto check = [&](const std::string& file, const std::vector<std::string>& more = {}) {
+    std::vector<std::string> argv = {NODE_BIN, CHECK_JS, "--chromium", CHROMIUM_BIN, "--page", file, "--names",
+                                     "leak_here,main", "--click", "leak_here"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    ToolRun c = run_argv(argv);
+    EXPECT_EQ(c.code, 0) << c.out << c.err;
+    return json::parse(c.out, nullptr, false);
+  };
+  json o = check(page, {"--text", "#grew tr", "--text", "#shrank", "--text", "#summary"});
+  ASSERT_TRUE(o.is_object());
+  SCOPED_TRACE(o.dump(1).substr(0, 4000));
+  expect_page_used(o, page);  // no error, nothing fetched, a click on leak_here zooms, a search
+  EXPECT_EQ(o["title"], "memtrace-bpf diff: alloc_rounds");
+  EXPECT_NE(o["drawn_names"].dump().find("\"leak_here\""), std::string::npos);
+
+  // In use: B - A is leak_here's extra leaks, and nothing else.
+  const long grew = kD * per.leaked_bytes;
+  const json& init = o["initial"];
+  EXPECT_EQ(init["total"]["kind"], "live_bytes");
+  EXPECT_EQ(init["total"]["value"], grew);
+  EXPECT_EQ(init["deltas"]["leak_here"], grew);
+  EXPECT_EQ(init["deltas"]["main"], grew);
+  EXPECT_GE(init["values"]["leak_here"], kB * per.leaked_bytes);  // as wide as B, the larger
+  // Red (d3-flame-graph's differential colours: rgb(220, x, x), the less x the more of it grew).
+  int rgb[3] = {};
+  EXPECT_EQ(sscanf(init["frames"]["leak_here"]["fill"].get<std::string>().c_str(), "rgb(%d,%d,%d)", &rgb[0], &rgb[1],
+                   &rgb[2]),
+            3);
+  EXPECT_TRUE(rgb[0] == 220 && rgb[1] == rgb[2] && rgb[1] < 120) << init["frames"]["leak_here"];
+  EXPECT_EQ(init["frames"]["leak_here"]["title"].get<std::string>().rfind("leak_here: +" + grouped(grew) + " bytes", 0),
+            0u);
+
+  // The tables: leak_here grew by exactly that, named to its line; nothing shrank.
+  ASSERT_EQ(o["text"]["#grew tr"].size(), 2u);  // the header, one stack
+  std::string row = o["text"]["#grew tr"][1];
+  EXPECT_EQ(row.rfind("+" + grouped(grew) + "+" + grouped(kD * per.leaked_blocks) + grouped(kA * per.leaked_bytes) +
+                          " → " + grouped(kB * per.leaked_bytes),
+                      0),
+            0u)
+      << row;
+  size_t fn = row.find("leak_here"), loc = row.find("alloc_rounds.c:");  // the innermost frame, its file:line
+  EXPECT_TRUE(fn != std::string::npos && loc != std::string::npos && fn < loc &&
+              isdigit(static_cast<unsigned char>(row[loc + 15])))
+      << row;
+  EXPECT_NE(row.find("+" + grouped(kD) + " (" + grouped(kA) + " → " + grouped(kB) + ")"), std::string::npos) << row;
+  EXPECT_EQ(o["text"]["#shrank"], json::array({"Nothing."}));
+  EXPECT_NE(o["text"]["#summary"][0].get<std::string>().find("A: " + a.mtr), std::string::npos);
+
+  // Every value: B - A is the extra rounds'.
+  const json& k = o["kinds"];
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_EQ(k["alloc_count"]["total"]["value"], kD * per.allocs);
+  EXPECT_EQ(k["alloc_count"]["deltas"]["leak_here"], kD);
+  EXPECT_EQ(k["alloc_bytes"]["total"]["value"], kD * per.bytes);
+  EXPECT_EQ(k["alloc_bytes"]["deltas"]["leak_here"], grew);
+  EXPECT_EQ(k["live_bytes"]["total"]["value"], grew);
+
+  // Two JSON reports: --format html names the format (here of stdout); in use by stack only.
+  r = run_argv({tool(), "diff", a.json_path, b.json_path, "--format", "html"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string jpage = tmpfile("diff") + ".html";
+  std::ofstream(jpage) << r.out;
+  json oj = check(jpage);
+  expect_page_used(oj, jpage);
+  EXPECT_EQ(oj["kinds"].size(), 1u);
+  EXPECT_EQ(oj["initial"]["deltas"]["leak_here"], grew);
+  unlink(page.c_str());
+  unlink(jpage.c_str());
+
+  // Bad input: one line, exit 2.
+  r = run_argv({tool(), "diff", "/nonexistent.mtr", a.mtr, "-o", page});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "memtrace-bpf: diff: cannot open /nonexistent.mtr: No such file or directory\n");
+  r = run_argv({tool(), "diff", a.mtr, "/etc/hostname", "--format", "html"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "memtrace-bpf: diff: /etc/hostname: neither a memtrace-bpf recording nor a JSON report\n");
+  EXPECT_EQ(r.out, "");
+  unlink(page.c_str());
 }
 
 // The console: snapshot, N rounds, diff: leak_here grew by exactly N leaks.

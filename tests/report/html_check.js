@@ -1,11 +1,13 @@
 #!/usr/bin/env node
-// Loads an HTML report in headless Chromium, uses it as a person would
-// (switches the value, clicks a frame, drags a time range, searches) and
-// prints what it saw as one JSON object; tests/report/html_test.cpp makes the
-// assertions.
+// Loads an HTML report (or a diff's page) in headless Chromium, uses it as a
+// person would (switches the value, clicks a frame, drags a time range,
+// searches) and prints what it saw as one JSON object;
+// tests/report/html_test.cpp and tests/diff/diff_test.cpp make the assertions.
 //   node html_check.js --chromium /usr/bin/chromium --page r.html
-//        --names f1,f2 [--click f1] [--range A:B ...]
-// --names: functions whose flame-graph values are reported in every view;
+//        --names f1,f2 [--click f1] [--range A:B ...] [--text SELECTOR ...]
+// --names: functions whose flame-graph values (and B - A on a diff's page:
+// deltas, fills) are reported in every view; --text: the text of each
+// element SELECTOR matches, as the page is first drawn;
 // --click: the frame clicked to zoom; --range A:B: a time range dragged on the
 // memory-over-time chart, CLOCK_MONOTONIC ns (what the traced program reads
 // and the trace's timestamps are).
@@ -14,7 +16,7 @@ const path = require("path");
 const { Browser } = require("./cdp");
 
 function args() {
-  const a = { names: [], ranges: [] };
+  const a = { names: [], ranges: [], texts: [] };
   const v = process.argv.slice(2);
   for (let i = 0; i < v.length; i++) {
     const k = v[i];
@@ -27,6 +29,7 @@ function args() {
     else if (k === "--names") a.names = next().split(",").filter(Boolean);
     else if (k === "--click") a.click = next();
     else if (k === "--range") a.ranges.push(next().split(":").map(Number));
+    else if (k === "--text") a.texts.push(next());
     else throw new Error(`unknown argument ${k}`);
   }
   if (!a.chromium || !a.page) throw new Error("--chromium and --page are needed");
@@ -75,11 +78,26 @@ async function main() {
       for (const n of names) v[n] = 0;
       root.each((d) => { if (d.data.name in v) v[d.data.name] += d.data.value; });
       return v; })()`);
+    // On a diff's page: each name's B - A (summed over its frames) and the
+    // fill of its widest frame.
+    const deltas = () => page.eval(`(() => {
+      const root = d3.select("#flame").datum(); const names = ${JSON.stringify(a.names)}; const v = {};
+      root.each((d) => { if (names.includes(d.data.name) && d.data.delta !== undefined) v[d.data.name] = (v[d.data.name] || 0) + d.data.delta; });
+      return v; })()`);
+    const fills = () => page.eval(`(() => { const v = {};
+      for (const n of ${JSON.stringify(a.names)}) {
+        const g = [...document.querySelectorAll("#flame g.frame")].filter((g) => g.getAttribute("name") === n)
+          .sort((x, y) => y.querySelector("rect").getAttribute("width") - x.querySelector("rect").getAttribute("width"))[0];
+        if (g) v[n] = { fill: g.querySelector("rect").getAttribute("fill"), title: g.querySelector("title")?.textContent }; }
+      return v; })()`);
     out.title = await page.eval("document.title");
     out.frames_drawn = await page.eval(`document.querySelectorAll("#flame g.frame").length`);
     out.drawn_names = await page.eval(`[...new Set([...document.querySelectorAll("#flame g.frame")]
       .filter((g) => Number(g.querySelector("rect").getAttribute("width")) > 0).map((g) => g.getAttribute("name")))]`);
-    out.initial = { total: await total(), values: await values() };
+    out.initial = { total: await total(), values: await values(), deltas: await deltas(), frames: await fills() };
+    out.text = {};
+    for (const sel of a.texts)
+      out.text[sel] = await page.eval(`[...document.querySelectorAll(${JSON.stringify(sel)})].map((e) => e.textContent)`);
 
     // Every value the select offers.
     out.kinds = {};
@@ -88,7 +106,7 @@ async function main() {
       await page.eval(`(() => { const s = document.getElementById("value"); s.value = ${JSON.stringify(k)};
         s.dispatchEvent(new Event("change")); })()`);
       await settle();
-      out.kinds[k] = { total: await total(), values: await values() };
+      out.kinds[k] = { total: await total(), values: await values(), deltas: await deltas() };
     }
     await page.eval(`(() => { const s = document.getElementById("value"); s.value = "live_bytes";
       s.dispatchEvent(new Event("change")); })()`);

@@ -296,3 +296,61 @@ TEST(HtmlData, CapFoldsTheRestAndNamesAreSafe) {
 }
 
 }  // namespace
+
+namespace {
+
+// The diff page's data from hand-made sides: 30 stacks of one program, fn3
+// grew by 1000 bytes in use and fn30's 300 were freed; with 10 kept whole
+// (both among them: the largest changes), the other 20 are added up in one
+// frame, every column's A and B sums stay exact, and each section's row
+// names its stack among the page's.
+TEST(HtmlData, DiffKeepsTheLargestChangesWholeAndAddsUpTheRest) {
+  using namespace memtrace::report;
+  DiffSide a, b;
+  a.name = "a.mtr";
+  b.name = "b.mtr";
+  int64_t a_live = 0;
+  for (int i = 1; i <= 30; i++) {
+    FrameOut f;
+    f.function = "fn" + std::to_string(i);
+    f.module = "/bin/t";
+    f.file = "t.c";
+    f.line = i;
+    DiffSide::Stack s;
+    s.frames = {f};
+    s.c = {i * 10, i, i, i * 10};  // live bytes and blocks, allocations and their bytes
+    a_live += s.c.live_bytes;
+    a.groups["t"].stacks[f.function] = s;
+    if (i == 3) s.c.live_bytes += 1000, s.c.live_blocks += 1;
+    if (i == 30) s.c.live_bytes = s.c.live_blocks = 0;
+    b.groups["t"].stacks[f.function] = s;
+  }
+  Diff d = diff_sides(a, b, DiffMatch::Line, 10, true);
+  HtmlOptions ho;
+  ho.max_stacks = 10;
+  json j = diff_html_data(d, ho);
+  EXPECT_EQ(j["format"], "memtrace-bpf diff html");
+  ASSERT_EQ(j["groups"].size(), 1u);
+  const json& g = j["groups"][0];
+  EXPECT_EQ(g["label"], "t");
+  EXPECT_EQ(g["stacks_total"], 30);
+  EXPECT_EQ(g["kept_stacks"], 10);
+  EXPECT_EQ(g["other_stacks"], 20);
+  ASSERT_EQ(g["stacks"].size(), 11u);
+  EXPECT_EQ(sum(g["values"]["live_bytes"]["a"]), static_cast<uint64_t>(a_live));
+  EXPECT_EQ(sum(g["values"]["live_bytes"]["b"]), static_cast<uint64_t>(a_live + 1000 - 300));
+  EXPECT_EQ(sum(g["values"]["alloc_count"]["a"]), 30u * 31 / 2);
+  EXPECT_EQ(sum(g["values"]["alloc_count"]["b"]), 30u * 31 / 2);
+  auto name = [&](const json& stack) {
+    return j["strings"][j["frames"][stack.back().get<size_t>()][0].get<size_t>()].get<std::string>();
+  };
+  EXPECT_EQ(name(g["stacks"][10]), "(20 other stacks)");
+  ASSERT_EQ(g["grew"]["stacks"].size(), 1u);
+  EXPECT_EQ(g["grew"]["stacks"][0]["delta"]["live_bytes"], 1000);
+  EXPECT_EQ(name(g["stacks"][g["grew"]["stacks"][0]["stack"].get<size_t>()]), "fn3");
+  ASSERT_EQ(g["shrank"]["stacks"].size(), 1u);
+  EXPECT_EQ(name(g["stacks"][g["shrank"]["stacks"][0]["stack"].get<size_t>()]), "fn30");
+  EXPECT_EQ(g["delta"]["in_use_bytes"], 0);  // the sides' totals: none given
+}
+
+}  // namespace
