@@ -7,7 +7,6 @@
 #include <memory>
 #include <thread>
 #include <chrono>
-#include <unordered_set>
 
 #include "heap/heap_model.h"
 
@@ -111,15 +110,20 @@ void HeapModel::set_locator(Locator l, bool keep_blocks) {
   keep_blocks_ = keep_blocks;
 }
 
-uint64_t HeapModel::intern(Stack&& s) {
-  uint64_t id = hash_locs(s.locs, s.truncated);
+// The sealed id of these frames; a copy is made only for frames not seen
+// before (most stacks of a program's second run are its first run's).
+uint64_t HeapModel::intern(const std::vector<Loc>& locs, bool truncated) {
+  uint64_t id = hash_locs(locs, truncated);
   for (;;) {
     auto it = sealed_.find(id);
     if (it == sealed_.end()) {
-      sealed_.emplace(id, std::move(s));
+      Stack& s = sealed_[id];
+      s.sealed = true;
+      s.truncated = truncated;
+      s.locs = locs;
       return id;
     }
-    if (it->second.locs == s.locs && it->second.truncated == s.truncated) return id;
+    if (it->second.locs == locs && it->second.truncated == truncated) return id;
     id = (id + 1) | kSealedBit;  // another stack with this hash: the next free id
   }
 }
@@ -139,6 +143,7 @@ struct HeapModel::SealJob {
   std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // rekeyed so far
   std::unordered_map<uint64_t, std::vector<Span>> spans;
   std::unordered_map<uint64_t, Block>::iterator live_at;
+  std::vector<Loc> locs;  // one stack's, reused
   uint64_t ns = 0;
 };
 
@@ -176,12 +181,9 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
           if (!fresh) continue;
           const Stack* st = stack(raw);
           if (!st || st->sealed) continue;  // never received (counted as missing): stays as it was
-          Stack s;
-          s.sealed = true;
-          s.truncated = st->truncated;
-          s.locs.reserve(st->ips.size());
-          for (uint64_t ip : st->ips) s.locs.push_back(locate(ip));
-          it->second = intern(std::move(s));
+          j.locs.clear();
+          for (uint64_t ip : st->ips) j.locs.push_back(locate(ip));
+          it->second = intern(j.locs, st->truncated);
         }
         if (late()) return false;
       }
@@ -425,27 +427,28 @@ bool HeapModel::retire(pid_t pid, bool keep_idle) {
 
 std::vector<uint64_t> HeapModel::collect_stacks() {
   graveyard_.clear();  // the last round's: records that could still name them are long applied
-  std::unordered_set<uint64_t> used;
+  std::vector<uint64_t> used;  // sorted below: no allocation per id
   auto mark = [&](const Process& p) {
     if (p.sealed) return;
-    for (const auto& [id, sa] : p.stack_allocs) used.insert(id);
-    for (const auto& [id, sf] : p.fault_stacks) used.insert(id);
-    for (const auto& [id, sa] : p.alloc_sites) used.insert(id);
-    for (const auto& [addr, b] : p.live) used.insert(b.stack_id);
-    for (const auto& [addr, m] : p.maps) used.insert(m.stack_id);
-    for (const auto& [tid, pf] : p.realloc_parked) used.insert(pf.block.stack_id);
+    for (const auto& [id, sa] : p.stack_allocs) used.push_back(id);
+    for (const auto& [id, sf] : p.fault_stacks) used.push_back(id);
+    for (const auto& [id, sa] : p.alloc_sites) used.push_back(id);
+    for (const auto& [addr, b] : p.live) used.push_back(b.stack_id);
+    for (const auto& [addr, m] : p.maps) used.push_back(m.stack_id);
+    for (const auto& [tid, pf] : p.realloc_parked) used.push_back(pf.block.stack_id);
   };
   for (const auto& [pid, p] : procs_) mark(*p);
   for (const auto& p : ended_) mark(*p);
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
   std::vector<uint64_t> dropped;
   for (auto it = stacks_.begin(); it != stacks_.end();) {
-    if (used.count(it->first)) {
+    if (std::binary_search(used.begin(), used.end(), it->first)) {
       ++it;
       continue;
     }
     dropped.push_back(it->first);
-    graveyard_.insert(std::move(*it));
-    it = stacks_.erase(it);
+    graveyard_.insert(stacks_.extract(it++));
   }
   return dropped;
 }

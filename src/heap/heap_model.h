@@ -377,7 +377,7 @@ class HeapModel {
   struct SealJob;
   bool seal_step(SealJob& j, std::chrono::steady_clock::time_point deadline);
   std::deque<std::unique_ptr<SealJob>> sealing_;
-  uint64_t intern(Stack&& s);
+  uint64_t intern(const std::vector<Loc>& locs, bool truncated);
   void merge_into(Process& group, Process& img);
   bool merge_one(bool by_entries);
   std::map<pid_t, std::unique_ptr<Process>> procs_;
