@@ -276,11 +276,11 @@ LiveOptions Features::live_options() const {
   return lo;
 }
 
-void Features::snapshot_maps(pid_t pid) {
-  if (rec_) rec_->capture_maps(pid);
+void Features::snapshot_maps(pid_t pid, const std::vector<procfs::Mapping>* maps) {
+  if (rec_) rec_->capture_maps(pid, maps);
 }
 
-void Features::on_event(const void* data, size_t len) {
+void Features::on_event(const void* data, size_t len, const std::vector<procfs::Mapping>* maps) {
   if (len < sizeof(mt_hdr)) {
     if (rec_) rec_->write(REC_EVENT, data, len);
     return;
@@ -293,19 +293,19 @@ void Features::on_event(const void* data, size_t len) {
   if (rec_) {
     bool exec_map = is_event && e.h.kind == MT_EV_MMAP && ((e.old_size >> 32) & 0x4) &&
                     static_cast<int32_t>(e.aux) >= 0;
-    if (h.kind != MT_EV_STACK && (seen_pids_.insert(h.pid).second || exec_map)) snapshot_maps(h.pid);
+    if (h.kind != MT_EV_STACK && (seen_pids_.insert(h.pid).second || exec_map)) snapshot_maps(h.pid, maps);
     rec_->write(REC_EVENT, data, len);
   }
   if (o_.trace && is_event && h.kind != MT_EV_FAULT) trace_line(e);
 }
 
-void Features::on_proc_event(const void* data, size_t len) {
+void Features::on_proc_event(const void* data, size_t len, const MapsOf& maps) {
   if (!rec_) return;
   rec_->write(REC_PROC, data, len);
   if (len < sizeof(mt_proc_event)) return;
   mt_proc_event e;
   memcpy(&e, data, sizeof e);
-  if (e.h.kind == MT_EV_EXEC || e.h.kind == MT_EV_LIBMAP || e.h.kind == MT_EV_FORK) snapshot_maps(e.h.pid);
+  if (e.h.kind == MT_EV_EXEC || e.h.kind == MT_EV_LIBMAP || e.h.kind == MT_EV_FORK) snapshot_maps(e.h.pid, maps());
 }
 
 void Features::trace_line(const mt_event& e) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "heap/heap_model.h"
+#include "procfs/proc_maps.h"
 #include "report/diff.h"
 #include "report/outputs.h"
 #include "report/report.h"
@@ -76,10 +77,14 @@ class Features {
   static std::unique_ptr<Features> create(const FeatureOptions& o, FeatureContext ctx, std::string* err);
   ~Features();
 
-  // After the model applied an events-ring record.
-  void on_event(const void* data, size_t len);
+  // The tracer's read of a process's /proc/PID/maps for this record (null:
+  // not read, or the process is gone); made on first call.
+  using MapsOf = std::function<const std::vector<procfs::Mapping>*()>;
+  // After the model applied an events-ring record; maps: the tracer's read
+  // for it if it made one (null: read here when needed).
+  void on_event(const void* data, size_t len, const std::vector<procfs::Mapping>* maps = nullptr);
   // After the tracer handled a proc-events record (the process may still be stopped).
-  void on_proc_event(const void* data, size_t len);
+  void on_proc_event(const void* data, size_t len, const MapsOf& maps);
   // From the run loop: console input and `monitor`. True: the user said quit.
   bool tick();
   // Before the final report: the recording's end record.
@@ -96,7 +101,7 @@ class Features {
   void full_report(std::ostream& os);
   void live(std::ostream& os);
   void prompt();
-  void snapshot_maps(pid_t pid);
+  void snapshot_maps(pid_t pid, const std::vector<procfs::Mapping>* maps);
   LiveOptions live_options() const;
 
   FeatureOptions o_;

@@ -88,9 +88,15 @@ void Recorder::write_json(RecType t, const nlohmann::json& j) {
   write(t, s.data(), s.size());
 }
 
-void Recorder::capture_maps(pid_t pid) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return;  // gone: what was captured before stays
+// maps: the caller's read of /proc/PID/maps (null: read here).
+void Recorder::capture_maps(pid_t pid, const std::vector<procfs::Mapping>* given) {
+  Result<std::vector<procfs::Mapping>> read = std::vector<procfs::Mapping>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return;  // gone: what was captured before stays
+    given = &*read;
+  }
+  const auto* maps = given;
   auto& seen = seen_[pid];
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& m : *maps) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "procfs/proc_maps.h"
 #include "report/outputs.h"
 
 namespace memtrace::loader {
@@ -55,7 +56,7 @@ class Recorder {
   void write(RecType t, const void* data, size_t len);
   void write_json(RecType t, const nlohmann::json& j);
   // The executable mappings of pid not written yet (read from /proc now).
-  void capture_maps(pid_t pid);
+  void capture_maps(pid_t pid, const std::vector<procfs::Mapping>* maps = nullptr);
   void close();
   uint64_t records() const { return records_; }
   const std::string& error() const { return error_; }  // first write error, "" if none

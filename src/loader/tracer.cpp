@@ -219,6 +219,12 @@ Result<void> Tracer::load() {
     if (const char* a = getenv("MEMTRACE_UPROBE_ATTACH"); a && std::string(a) == "perf")
       attach_mode_ = AttachMode::PerfEvent;
   }
+#if defined(__aarch64__)
+  if (o_.stacks) {
+    o_.cfi = false;
+    kernel_notes_.push_back("stacks: frame pointers only (not supported on aarch64 yet: CFI unwinder)");
+  }
+#endif
   if (attach_mode_ == AttachMode::PerfEvent)
     kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
                             " has no uprobe_multi links (6.6)");
@@ -330,9 +336,11 @@ void Tracer::set_target_state(pid_t pid, uint32_t state, uint32_t follow) {
 
 // Unwind tables for pid's executable mappings (refreshes: also after exec,
 // dlopen). Failures leave the frame-pointer fallback; they are noted once.
-void Tracer::unwind_add(pid_t pid) {
+void Tracer::unwind_add(Snapshot& snap) {
   if (!unwind_) return;
-  if (auto r = unwind_->add_process(pid); !r) {
+  pid_t pid = snap.pid();
+  const auto* maps = snap.maps();
+  if (auto r = maps ? unwind_->add_process(pid, maps) : snap.error(); !r) {
     if (!process_exists(pid) || r.error().err == ESRCH) {
       unwind_gone_++;  // exited before its mappings were read: nothing left to unwind
       return;
@@ -416,16 +424,31 @@ void Tracer::collect_stacks() {
   for (uint32_t k = 0; k < n; k++) bpf_map_update_elem(cache, &k, zero.data(), BPF_ANY);
 }
 
+const std::vector<MapEntry>* Tracer::Snapshot::maps() {
+  if (!m_) {
+    m_ = read_maps(pid_);
+    ++*reads_;
+  }
+  return *m_ ? &**m_ : nullptr;
+}
+
+Result<void> Tracer::Snapshot::error() {
+  if (maps()) return {};
+  return m_->error();
+}
+
 // Find pid's allocator and attach its probes. required: a failure is an
 // error for the user (-p); otherwise it is counted (a process started later).
-Result<void> Tracer::attach_process(pid_t pid, bool required) {
+Result<void> Tracer::attach_process(pid_t pid, bool required, Snapshot* given) {
+  Snapshot own(pid, &maps_reads_);
+  Snapshot& snap = given ? *given : own;
   Proc& p = procs_[pid];
   p.pid = pid;
   if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
-  resolver_.capture(pid);
+  const auto* maps = snap.maps();
+  resolver_.capture(pid, maps);
   if (p.attached) return {};
-  auto maps = read_maps(pid);
-  if (!maps) return maps.error();
+  if (!maps) return snap.error();
   MapEntry where;
   auto obj = attacher_->find_allocator(pid, *maps, &where);
   if (!obj) return obj.error();
@@ -462,7 +485,7 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
   // bring a second allocator (attach_more_allocators).
   for (const auto& m : *maps)
     if (m.exec() && m.file()) p.objects.insert({m.dev, m.inode});
-  unwind_add(pid);
+  unwind_add(snap);
   set_target_state(pid, MT_TS_TRACED, 1);
   log("attached " + std::to_string(p.probes.size()) + " probes to pid " + std::to_string(pid) + " in " + where.path +
       " (" + std::to_string(us) + " us)");
@@ -473,9 +496,10 @@ Result<void> Tracer::attach_process(pid_t pid, bool required) {
 // allocator of another family than the one attached (mimalloc dlopen'd by a
 // glibc program) gets its own probes too. glibc arriving after a preloaded
 // allocator does not: the program's calls go to the preloaded one.
-void Tracer::attach_more_allocators(pid_t pid) {
+void Tracer::attach_more_allocators(Snapshot& snap) {
+  pid_t pid = snap.pid();
   Proc& p = procs_[pid];
-  auto maps = read_maps(pid);
+  const auto* maps = snap.maps();
   if (!maps) return;
   for (const auto& m : *maps) {
     if (!m.exec() || !m.file()) continue;
@@ -514,7 +538,8 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
   std::vector<pid_t> pids = only > 0 ? std::vector<pid_t>{only} : all_pids();
   for (pid_t pid : pids) {
     if (pid == getpid()) continue;
-    auto maps = read_maps(pid);
+    Snapshot snap(pid, &maps_reads_);
+    const auto* maps = snap.maps();
     if (!maps) {
       // Gone before this read (an exec or a new library of a short process):
       // the resolver counts it (mappings_not_captured / _incomplete).
@@ -524,9 +549,9 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
     if (only <= 0)
       if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
     // Mappings for symbolization, while it lives (the read above: one per event).
-    if (exec_id) resolver_.exec(pid, exec_id, &*maps);
-    else resolver_.capture(pid, &*maps);
-    unwind_add(pid);
+    if (exec_id) resolver_.exec(pid, exec_id, maps);
+    else resolver_.capture(pid, maps);
+    unwind_add(snap);
     // C++ runtimes (libstdc++'s aligned operator new), once per file.
     for (const auto& [cxx, m] : attacher_->cxx_runtimes(pid, *maps)) {
       auto ckey = std::make_pair(cxx->dev, cxx->inode);
@@ -611,21 +636,25 @@ Result<void> Tracer::setup_targets() {
 }
 
 int Tracer::on_event(void* data, size_t len) {
+  std::optional<Snapshot> snap;  // read only for new code
+  const std::vector<MapEntry>* maps = nullptr;
   if (len >= sizeof(mt_event)) {
     const auto* e = static_cast<const mt_event*>(data);
     // dlopen of new code: capture the mappings while the process lives
     // (system-wide: done at once, on the lifecycle ring's MT_EV_LIBMAP).
     if (!system_wide_ && e->h.kind == MT_EV_MMAP && ((e->old_size >> 32) & 0x4) &&
         static_cast<int32_t>(e->aux) >= 0) {
-      resolver_.capture(e->h.pid);
-      unwind_add(e->h.pid);
+      snap.emplace(e->h.pid, &maps_reads_);
+      maps = snap->maps();  // the recording's too
+      resolver_.capture(e->h.pid, maps);
+      unwind_add(*snap);
     }
     // System-wide, a fork has no lifecycle record: its child's addresses
     // are its parent's until it execs (read then).
     if (system_wide_ && e->h.kind == MT_EV_FORK) resolver_.forked(e->h.pid, static_cast<pid_t>(e->addr));
   }
   model_.apply(data, len);
-  if (feat_) feat_->on_event(data, len);
+  if (feat_) feat_->on_event(data, len, maps);
   // consume(): back to the lifecycle ring every so often (an exec or a new
   // library there is read from /proc while the process lives).
   if (budget_ && --budget_ == 0) return -EAGAIN;
@@ -639,6 +668,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
   bool stopped = e.h.flags & MT_F_STOPPED;
   if (stopped) stopped_.insert(pid);
   std::string comm(e.comm, strnlen(e.comm, sizeof e.comm));
+  Snapshot snap(pid, &maps_reads_);  // its mappings, read once for all below
 
   switch (e.h.kind) {
     case MT_EV_EXEC:
@@ -646,7 +676,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       // events ring's backlog can take long to drain: a short process was
       // gone after it).
       if (system_wide_) read_process_once(pid, e.h.ts, e.addr ? e.addr : e.h.ts);
-      else resolver_.exec(pid, e.addr ? e.addr : e.h.ts);  // its own address space (the old one's stacks seal with theirs)
+      else resolver_.exec(pid, e.addr ? e.addr : e.h.ts, snap.maps());  // its own address space (the old one's stacks seal with theirs)
       // The old image's last events, then the events stream's own MT_EV_EXEC
       // (exact order); on_exec here only if that record was lost.
       drain_events();
@@ -662,8 +692,8 @@ int Tracer::on_proc_event(void* data, size_t len) {
       procs_[pid].probes.reset();
       procs_[pid].objects.clear();
       procs_[pid].attached = false;
-      unwind_add(pid);  // the new image (and ld.so) even before an allocator is mapped
-      if (auto r = attach_process(pid, false); !r) {
+      unwind_add(snap);  // the new image (and ld.so) even before an allocator is mapped
+      if (auto r = attach_process(pid, false, &snap); !r) {
         errors_.push_back(r.error().message);
         attach_failures_++;
       }
@@ -676,15 +706,15 @@ int Tracer::on_proc_event(void* data, size_t len) {
         break;
       }
       // Stopped: the new code's mapping and tables are in before it runs.
-      resolver_.capture(pid);
-      unwind_add(pid);
+      resolver_.capture(pid, snap.maps());
+      unwind_add(snap);
       if (!procs_[pid].attached) {
-        if (auto r = attach_process(pid, false); !r) {
+        if (auto r = attach_process(pid, false, &snap); !r) {
           errors_.push_back(r.error().message);
           attach_failures_++;
         }
       } else {
-        attach_more_allocators(pid);
+        attach_more_allocators(snap);
       }
       break;
     case MT_EV_FORK:
@@ -697,11 +727,11 @@ int Tracer::on_proc_event(void* data, size_t len) {
       model_.process(pid).comm = comm;
       if (e.h.flags & MT_F_VFORK) {
         procs_[pid].pid = pid;
-        unwind_add(pid);
-        resolver_.capture(pid);
+        unwind_add(snap);
+        resolver_.capture(pid, snap.maps());
         break;  // runs on the parent's probes until it exec's
       }
-      if (auto r = attach_process(pid, false); !r) {
+      if (auto r = attach_process(pid, false, &snap); !r) {
         errors_.push_back(r.error().message);
         attach_failures_++;
       }
@@ -720,7 +750,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       break;
     }
   }
-  if (feat_) feat_->on_proc_event(data, len);  // before the resume: maps of a stopped process
+  if (feat_) feat_->on_proc_event(data, len, [&snap] { return snap.maps(); });  // before the resume: maps of a stopped process
   if (stopped) resume(pid);
   // The launched program runs traced from here (benchmarks time this part).
   if (launcher_ && pid == launcher_->pid() && procs_[pid].attached && !traced_since_)
@@ -829,6 +859,7 @@ report::Drops Tracer::drops() {
   }
   // Per-process probe attach (uprobe_multi links, or one perf event per probe).
   d.stats["attach_processes"] = attach_count_;
+  d.stats["maps_reads"] = maps_reads_;  // /proc/PID/maps reads by the tracer: one per event that needs them
   d.stats["attach_us"] = attach_us_;
   if (pprof_dir_) pprof_dir_->add_stats(d.stats);
   return d;

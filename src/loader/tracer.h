@@ -96,8 +96,23 @@ class Tracer {
 
   Result<void> load();
   Result<void> setup_targets();
-  Result<void> attach_process(pid_t pid, bool required);
-  void attach_more_allocators(pid_t pid);
+  // One read of a process's /proc/PID/maps for one event, handed to every
+  // part that needs it (resolver, unwinder, attacher, recording): made on
+  // first use, null if the process is gone.
+  class Snapshot {
+   public:
+    Snapshot(pid_t pid, uint64_t* reads) : pid_(pid), reads_(reads) {}
+    const std::vector<MapEntry>* maps();
+    Result<void> error();  // why maps() is null
+    pid_t pid() const { return pid_; }
+   private:
+    pid_t pid_;
+    uint64_t* reads_;
+    std::optional<Result<std::vector<MapEntry>>> m_;
+  };
+  uint64_t maps_reads_ = 0;  // /proc/PID/maps reads by the tracer (STATS)
+  Result<void> attach_process(pid_t pid, bool required, Snapshot* snap = nullptr);
+  void attach_more_allocators(Snapshot& snap);
   void set_target_state(pid_t pid, uint32_t state, uint32_t follow);
   void resume(pid_t pid);
   uint32_t image_of(pid_t pid);
@@ -145,7 +160,7 @@ class Tracer {
   int poll(int timeout_ms);       // wait for either ring, then consume()
   std::unique_ptr<Attacher> attacher_;
   std::unique_ptr<unwind::UnwindMaps> unwind_;  // null: frame pointers only
-  void unwind_add(pid_t pid);
+  void unwind_add(Snapshot& snap);
   heap::HeapModel model_;
   Resolver resolver_;
   size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks

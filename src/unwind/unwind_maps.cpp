@@ -286,14 +286,18 @@ Result<void> UnwindMaps::publish(pid_t pid) {
   return {};
 }
 
-Result<void> UnwindMaps::add_process(pid_t pid) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
+Result<void> UnwindMaps::add_process(pid_t pid, const std::vector<ProcMapping>* given) {
+  Result<std::vector<ProcMapping>> read = std::vector<ProcMapping>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return read.error();
+    given = &*read;
+  }
   std::vector<Mapping> fresh;
   std::string errors;
   uint64_t failed_here = 0;
   auto& old = procs_[pid];
-  for (auto& m : *maps) {
+  for (const auto& m : *given) {
     if (m.perms.size() < 3 || m.perms[2] != 'x' || m.inode == 0 || m.path.empty() || m.path[0] != '/') continue;
     // Unchanged mapping: keep it (and its reference).
     auto same = std::find_if(old.begin(), old.end(), [&](const Mapping& o) { return o.start == m.start && o.end == m.end; });

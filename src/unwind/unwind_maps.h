@@ -81,9 +81,10 @@ class UnwindMaps {
   UnwindMaps(const UnwindMaps&) = delete;
   UnwindMaps& operator=(const UnwindMaps&) = delete;
 
-  // Reads /proc/PID/maps and loads tables for every executable file mapping
-  // (idempotent: a second call picks up new mappings and drops gone ones).
-  Result<void> add_process(pid_t pid);
+  // Loads tables for every executable file mapping of pid, from `maps` (the
+  // caller's read of /proc/PID/maps) or read here (idempotent: a second call
+  // picks up new mappings and drops gone ones).
+  Result<void> add_process(pid_t pid, const std::vector<ProcMapping>* maps = nullptr);
   // The process mapped [start, end) of a file at `offset` executable (the
   // loader sees it as an mmap event). The file is opened through
   // /proc/PID/map_files (exactly the mapped file, any mount namespace);
