@@ -407,7 +407,11 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	 * instructions verified, 320k before). */
 	{
 		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx),
-				     .tgid = pid_tgid >> 32};
+				     .tgid = pid_tgid >> 32,
+#ifdef __TARGET_ARCH_arm64
+				     .lr = PT_REGS_RET(ctx),
+#endif
+		};
 		rec.stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
 	}
 	rec.flags = flags;
@@ -568,8 +572,9 @@ static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 #ifndef MT_COMPAT
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 #else
-	/* No bpf_task_pt_regs before 5.15: x86-64's task_pt_regs(), the top of
-	 * the task's kernel stack (THREAD_SIZE 16 KiB: kernels without KASAN). */
+	/* No bpf_task_pt_regs before 5.15: task_pt_regs(), the top of the
+	 * task's kernel stack (THREAD_SIZE 16 KiB: kernels without KASAN), on
+	 * x86-64 and arm64 alike. */
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 	struct pt_regs *regs = (struct pt_regs *)((char *)BPF_CORE_READ(t, stack) + 16384) - 1;
 #endif
@@ -1033,7 +1038,7 @@ int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigne
 	fill_hdr(&e->h, MT_EV_FAULT, c.flags, pid_tgid);
 	e->addr = address;
 	e->size = 0;
-	e->old_addr = BPF_CORE_READ(regs, ip);
+	e->old_addr = PT_REGS_IP_CORE(regs);
 	e->old_size = error_code;
 	e->stack_id = 0;
 	e->role = 0;

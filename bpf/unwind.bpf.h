@@ -753,6 +753,9 @@ struct mt_uregs {
 	__u64 ip, sp, bp;
 	__u32 tgid; /* of the current task */
 	__u32 pad;
+#ifdef __TARGET_ARCH_arm64
+	__u64 lr; /* x30: the return address at a function's entry */
+#endif
 };
 
 /* A planned refill: len bytes of user memory at start into the window

@@ -178,8 +178,12 @@ std::vector<std::string> describe(const KernelFeatures& k) {
     choice(false, "uprobe attach", "",
            "one perf-event uprobe per probe and process, one program per allocator function, probes where the "
            "return address is at [rsp]");
+#if defined(__aarch64__)
+  choice(false, "stacks", "", "frame pointers only (not supported on aarch64 yet: CFI unwinder)");
+#else
   choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
          "frame pointers only (the CFI unwinder's frame loop needs bpf_loop, 5.17)");
+#endif
   choice(full, "in-flight calls", "task local storage", "hash map keyed by thread id");
   choice(k.exit_group_dead, "process exit", "sched_process_exit's group_dead",
          "last thread found by signal->live (group_dead is newer than this kernel)");
@@ -187,8 +191,13 @@ std::vector<std::string> describe(const KernelFeatures& k) {
     choice(full, "page faults", "page_fault_user, checked against the VMA (bpf_find_vma)",
            "page_fault_user without the VMA check: faults that end in SIGSEGV are not flagged, --rearm is off "
            "(bpf_find_vma needs 5.17)");
+#if defined(__aarch64__)
+  else
+    choice(false, "page faults", "", "not supported on aarch64 yet: page faults (no page_fault_user tracepoint): --faults is off");
+#else
   else
     line(false, "page faults", "no exceptions:page_fault_user tracepoint: --faults is off");
+#endif
   return out;
 }
 

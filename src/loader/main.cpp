@@ -57,8 +57,12 @@ int main(int argc, char** argv) {
   app.add_option("--top", o.top, "Leak groups shown per process (default 10)");
   bool no_stacks = false;
   app.add_flag("--no-stacks", no_stacks, "Do not capture call stacks");
+#if defined(__aarch64__)
+  std::string unwind = "fp";  // the CFI unwinder is x86-64 only yet (docs/arm64.md)
+#else
   std::string unwind = "cfi";
-  app.add_option("--unwind", unwind,
+#endif
+  [[maybe_unused]] auto* unwind_opt = app.add_option("--unwind", unwind,
                  "Stack unwinding: cfi (.eh_frame tables in BPF, complete stacks; default) or fp "
                  "(frame pointers only, cheaper)")
       ->check(CLI::IsMember({"cfi", "fp"}));
@@ -150,6 +154,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.trace_faults || o.rearm_ms > 0) o.faults = true;
+#if defined(__aarch64__)
+  // Not written for arm64 yet (docs/arm64.md): one line, exit 2.
+  if (unwind == "cfi" && unwind_opt->count()) {
+    std::cerr << "memtrace-bpf: not supported on aarch64 yet: CFI unwinder (--unwind cfi); --unwind fp is the default here\n";
+    return 2;
+  }
+  if (o.faults) {
+    std::cerr << "memtrace-bpf: not supported on aarch64 yet: page faults (--faults, --trace-faults, --rearm: arm64 has "
+                 "no page_fault_user tracepoint)\n";
+    return 2;
+  }
+#endif
   if (!o.ranges.empty() && o.rearm_ms <= 0) {
     std::cerr << "memtrace-bpf: --range is for --rearm MS\n";
     return 2;

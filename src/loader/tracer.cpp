@@ -225,6 +225,12 @@ Result<void> Tracer::load() {
     kernel_notes_.push_back("stacks: frame pointers only (not supported on aarch64 yet: CFI unwinder)");
   }
 #endif
+#if defined(__aarch64__)
+  if (o_.stacks) {
+    o_.cfi = false;
+    kernel_notes_.push_back("stacks: frame pointers only (not supported on aarch64 yet: CFI unwinder)");
+  }
+#endif
   if (attach_mode_ == AttachMode::PerfEvent)
     kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
                             " has no uprobe_multi links (6.6)");
@@ -268,6 +274,12 @@ Result<void> Tracer::load() {
   }
   // Not even loaded without --faults: costs nothing when off.
   bpf_program__set_autoload(skel_->progs.mt_page_fault, o_.faults);
+#if defined(__aarch64__)
+  // arm64 has no fork and no vfork system call (clone does both): no
+  // sys_exit_fork/sys_exit_vfork tracepoints to attach to.
+  bpf_program__set_autoload(skel_->progs.mt_exit_fork, false);
+  bpf_program__set_autoload(skel_->progs.mt_exit_vfork, false);
+#endif
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit, attach_mode_);
   g_libbpf_log.clear();
   if (int err = memtrace_bpf__load(skel_); err) return Error::msg(load_failure(-err));

@@ -546,6 +546,8 @@ Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what) {
 Result<CfiTable> build_cfi_table(const elf::Image& img) {
   const std::string& what = img.path();
   Elf* elf = img.elf();
+  if (img.machine() == EM_AARCH64)
+    return Error::msg("CFI tables " + what + ": not supported on aarch64 yet: CFI unwinder (arm64 register rules)");
   if (img.machine() != EM_X86_64) return Error::msg("CFI tables " + what + ": not an x86-64 ELF file");
   size_t shstrndx = 0;
   if (elf_getshdrstrndx(elf, &shstrndx) != 0) return Error::msg("section names " + what + ": " + elf_errmsg(-1));

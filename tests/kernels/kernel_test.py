@@ -111,13 +111,14 @@ def candidates(opts, regex):
     return [n for _, n in sorted(names)]
 
 
-def kernel_image(version, cache):
-    """Path of the vmlinuz of Debian's newest cloud kernel of this line."""
+def kernel_image(version, cache, patterns=PATTERNS):
+    """Path of the vmlinuz of Debian's newest cloud kernel of this line
+    (patterns: VERSION -> (suite, package regex); arm64_test.py has its own)."""
     if version.startswith("linux-image-"):
         suite = "bullseye" if version.startswith("linux-image-5.10.") else None
         opts, names = apt_opts(cache, suite), [version]
-    elif version in PATTERNS:
-        suite, regex = PATTERNS[version]
+    elif version in patterns:
+        suite, regex = patterns[version]
         opts = apt_opts(cache, suite)
         names = candidates(opts, regex)
         if not names:
@@ -127,7 +128,7 @@ def kernel_image(version, cache):
         if not names:
             sys.exit(f"kernel-test: no package matches {regex} in Debian's lists")
     else:
-        sys.exit(f"kernel-test: unknown kernel {version!r}: use 5.10, 6.1, 6.12 or a linux-image-* package name")
+        sys.exit(f"kernel-test: unknown kernel {version!r}: use {', '.join(sorted(patterns))} or a linux-image-* package name")
     pkg = names[-1]
     kdir = os.path.join(cache, pkg)
     images = glob.glob(os.path.join(kdir, "boot", "vmlinuz-*"))
@@ -270,7 +271,11 @@ def make_initramfs(build, out_dir, filters):
     with open(os.path.join(stage, "init"), "w") as f:
         f.write(init)
     os.chmod(os.path.join(stage, "init"), 0o755)
-    img = os.path.join(out_dir, "initramfs.cpio.gz")
+    return pack_initramfs(stage, os.path.join(out_dir, "initramfs.cpio.gz"))
+
+
+def pack_initramfs(stage, img):
+    """The directory stage as a gzipped newc cpio at img; stage is removed."""
     with open(img, "wb") as f:
         find = subprocess.Popen(["find", "."], cwd=stage, stdout=subprocess.PIPE)
         cpio = subprocess.Popen(["cpio", "-o", "-H", "newc", "--quiet"], cwd=stage, stdin=find.stdout,
@@ -298,9 +303,17 @@ def static_results(sec):
     rc, body = sec.get("static.Check", (None, ""))
     ok = rc == 0 and "memtrace-bpf can run on this kernel" in body
     res.append(("static.Check", ok, "" if ok else body.strip()[-2000:]))
+    res.append(("static.LaunchCountsExactly", *launch_counts(sec, "static.Launch.", "alloc_rounds_st")))
+    return res
+
+
+def launch_counts(sec, prefix, comm):
+    """(ok, why) for a launch of alloc_rounds with --rounds 0 and 20 (sections
+    PREFIX0 and PREFIX20: the JSON report, @@STDOUT, the program's output):
+    the difference of the two is exactly 20 times what one round does."""
     reps = {}
     for r in ("0", "20"):
-        rc, body = sec.get("static.Launch." + r, (None, ""))
+        rc, body = sec.get(prefix + r, (None, ""))
         js, _, out = body.partition("@@STDOUT\n")
         try:
             reps[r] = (rc, json.loads(js), out)
@@ -311,18 +324,17 @@ def static_results(sec):
         why = "tool failed: " + " | ".join(str(v[2])[-500:] for v in reps.values())
     else:
         m = re.search(r"per_round allocs=(\d+) frees=(\d+) bytes=(\d+)", reps["20"][2])
-        p0 = [p for p in reps["0"][1]["processes"] if p["comm"] == "alloc_rounds_st"]
-        p1 = [p for p in reps["20"][1]["processes"] if p["comm"] == "alloc_rounds_st"]
+        p0 = [p for p in reps["0"][1]["processes"] if p["comm"] == comm]
+        p1 = [p for p in reps["20"][1]["processes"] if p["comm"] == comm]
         if not m or not p0 or not p1:
-            why = "no per_round line or no alloc_rounds_st process in the reports"
+            why = f"no per_round line or no {comm} process in the reports"
         else:
             for i, k in enumerate(("allocs", "frees", "bytes_allocated")):
                 got = p1[0]["summary"][k] - p0[0]["summary"][k]
                 want = 20 * int(m.group(i + 1))
                 if got != want:
                     why += f"{k}: {got} != {want}; "
-    res.append(("static.LaunchCountsExactly", not why, why))
-    return res
+    return not why, why
 
 
 def gtest_results(text):
