@@ -92,6 +92,10 @@ int main(int argc, char** argv) {
   app.add_flag("--explain-probes", o.explain_probes,
                "Print where each allocator probe is placed and why");
   app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit");
+  app.add_flag("--inject", o.inject,
+               "With -p: load memtrace's agent library into the process (ptrace, no restart) and take its malloc "
+               "family from there instead of uprobes: in-process cost (docs/inject.md)");
+  app.add_option("--inject-ring-mb", o.inject_ring_mb, "--inject: the agent's ring, MiB (default 64, a power of two)");
   bool check = false;
   app.add_flag("--check", check,
                "Print what this kernel supports and which fallbacks are used, load and attach everything "
@@ -199,6 +203,14 @@ int main(int argc, char** argv) {
                 << MT_COMM_LEN - 1 << " characters the kernel keeps (see /proc/PID/comm)\n";
       return 2;
     }
+  }
+  if (o.inject && (o.pids.empty() || !o.comms.empty() || !o.command.empty())) {
+    std::cerr << "memtrace-bpf: --inject works on running processes: give -p PID (not -c or a command yet)\n";
+    return 2;
+  }
+  if (o.inject && (o.inject_ring_mb == 0 || (o.inject_ring_mb & (o.inject_ring_mb - 1)))) {
+    std::cerr << "memtrace-bpf: --inject-ring-mb must be a power of two\n";
+    return 2;
   }
   if (!o.command.empty() && (!o.pids.empty() || !o.comms.empty())) {
     std::cerr << "memtrace-bpf: launch a program or use -p/-c, not both\n";

@@ -21,6 +21,7 @@
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
 #include "memtrace_bpf_compat.skel.h"
+#include "inject/session.h"
 #include "metrics/exporter.h"
 
 namespace memtrace::loader {
@@ -386,6 +387,9 @@ void Tracer::forget_stopped(pid_t pid) {
 }
 
 void Tracer::process_gone(pid_t pid, int exit_code) {
+  // --inject: its records in the agent's ring are all written (it exited):
+  // in before its exit, which may retire it right below.
+  if (!injected_.empty()) drain_injected();
   // The launched program stays current: its waitpid status is the report's.
   if (launcher_ && pid == launcher_->pid()) {
     model_.on_exit(pid, exit_code);
@@ -606,7 +610,7 @@ Result<void> Tracer::setup_targets() {
   }
   for (pid_t pid : o_.pids) {
     set_target_state(pid, MT_TS_TRACED, 1);
-    if (auto r = attach_process(pid, true); !r) return r;
+    if (auto r = o_.inject ? inject_process(pid) : attach_process(pid, true); !r) return r;
   }
   if (!o_.comms.empty()) {
     for (pid_t pid : all_pids()) {
@@ -639,6 +643,51 @@ Result<void> Tracer::setup_targets() {
     }
   }
   return {};
+}
+
+// --inject: the agent loaded into pid (src/inject); its records come
+// through the session's ring (drain_injected), BPF's targets entry keeps
+// pid's mmap/brk and lifecycle records coming.
+Result<void> Tracer::inject_process(pid_t pid) {
+  procs_[pid].pid = pid;
+  if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
+  inject::SessionOptions so;
+  so.agent = inject::agent_path();
+  so.ring_mb = o_.inject_ring_mb;
+  so.stack_mode = !o_.stacks ? MT_INJ_STACK_NONE : o_.cfi ? MT_INJ_STACK_LIBUNWIND : MT_INJ_STACK_FP;
+  auto t0 = std::chrono::steady_clock::now();
+  auto s = inject::Session::start(pid, so);
+  if (!s) return s.error();
+  uint64_t us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  attach_us_ += us;
+  attach_count_++;
+  procs_[pid].attached = true;
+  // Its mappings with the agent (and libunwind) in them, for symbolization.
+  // (BPF's mmap stacks of an injected process walk frame pointers: no CFI
+  // tables are loaded for it.)
+  resolver_.capture(pid);
+  const auto& h = (*s)->ring().hdr();
+  log("injected " + so.agent + " into pid " + std::to_string(pid) + ": " + std::to_string(h.slots_hooked) +
+      " GOT slots in " + std::to_string(h.objects_hooked) + " objects, stacks by " +
+      (h.stack_used == MT_INJ_STACK_LIBUNWIND ? "libunwind" : h.stack_used == MT_INJ_STACK_FP ? "frame pointers" : "none") +
+      "; stopped " + std::to_string((*s)->load_stats().stopped_us) + " us (" + std::to_string(us) + " us in all)");
+  injected_.push_back(std::move(*s));
+  return {};
+}
+
+size_t Tracer::drain_injected() {
+  size_t n = 0;
+  for (auto& s : injected_)
+    n += s->drain([this](const void* d, size_t len) {
+      model_.apply(d, len);
+      if (feat_) feat_->on_event(d, len);
+    });
+  return n;
+}
+
+void Tracer::detach_injected() {
+  for (auto& s : injected_) s->detach();
+  drain_injected();
 }
 
 int Tracer::on_event(void* data, size_t len) {
@@ -787,6 +836,18 @@ report::Drops Tracer::drops() {
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
+  if (!injected_.empty()) {  // --inject: records the agent could not write (its ring full)
+    uint64_t drops = 0, malformed = 0;
+    for (const auto& s : injected_) {
+      drops += const_cast<inject::Session&>(*s).ring().hdr().drops;
+      malformed += const_cast<inject::Session&>(*s).ring().malformed();
+    }
+    uint64_t waits = 0;
+    for (const auto& s : injected_) waits += const_cast<inject::Session&>(*s).ring().hdr().full_waits;
+    d.dropped["inject_ring_full"] = drops;
+    d.dropped["inject_malformed"] = malformed;
+    d.stats["inject_full_waits"] = waits;  // 50 us naps of the target's threads: the drain was behind
+  }
   d.stats["events"] = model_.event_count();
   {  // what the heap model holds (the tool's memory on a long system-wide run)
     uint64_t images = 0, live = 0, stack_entries = 0, maps = 0;
@@ -918,7 +979,7 @@ int Tracer::consume() {
     budget_ = 0;
     if (b < 0 && !more) return b;
     total += a + (more ? kEventSlice : b);
-    if (!more || std::chrono::steady_clock::now() >= deadline) return total;
+    if (!more || std::chrono::steady_clock::now() >= deadline) return total + static_cast<int>(drain_injected());
   }
 }
 
@@ -1235,7 +1296,7 @@ int Tracer::run() {
   auto next_profiles = start + pprof_every;
   int exit_code = 0;
   while (!g_stop) {
-    int n = poll(50);
+    int n = poll(injected_.empty() ? 50 : 2);  // --inject: the agent's ring has no wakeup; a writer waits when it is full
     if (metrics_)  // a scrape waits: the counters as drained so far (metrics/exporter.h)
       metrics_->serve([this] { return metrics::snapshot_of(model_, drops(), {o_.faults, !system_wide_}); });
     // --faults: drain at least every 50 ms, so that faults on mappings made
@@ -1294,7 +1355,9 @@ int Tracer::run() {
   }
   if (metrics_) metrics_->stop();
   stop_rearm();  // protections restored before the probes go
-  // Detach uprobes and tracepoints, then drain what is left.
+  // Detach uprobes and tracepoints, then drain what is left (--inject: the
+  // hooks call straight through from here on).
+  detach_injected();
   detach_probes();
   while (consume() > 0) {
   }

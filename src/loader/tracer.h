@@ -33,6 +33,9 @@ struct ring_buffer;
 namespace memtrace::metrics {
 class Exporter;
 }
+namespace memtrace::inject {
+class Session;
+}
 
 namespace memtrace::loader {
 
@@ -68,6 +71,11 @@ struct Options {
   std::string metrics;               // --metrics ADDR:PORT (metrics/exporter.h)
   size_t metrics_max_processes = 200;  // --metrics-max-processes
   PprofDirOptions pprof_dir;         // --pprof-dir DIR (empty: off), --pprof-every, --pprof-keep (pprof_dir.h)
+  // --inject (issue 21): the -p processes' malloc family from the agent
+  // library loaded into them (src/inject), not from uprobes; BPF keeps
+  // mmap/brk, exec/fork/exit.
+  bool inject = false;
+  size_t inject_ring_mb = 64;
 };
 
 class Tracer {
@@ -199,6 +207,11 @@ class Tracer {
   std::unique_ptr<Features> feat_;  // features.h: null unless one is asked for
   std::unique_ptr<metrics::Exporter> metrics_;  // --metrics
   std::unique_ptr<PprofDir> pprof_dir_;         // --pprof-dir
+  // --inject: one agent session per -p process (src/inject/session.h).
+  Result<void> inject_process(pid_t pid);
+  size_t drain_injected();
+  void detach_injected();
+  std::vector<std::unique_ptr<inject::Session>> injected_;
 };
 
 }  // namespace memtrace::loader

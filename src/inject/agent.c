@@ -1,0 +1,647 @@
+/* libmemtrace_agent.so: loaded into a running process by `memtrace-bpf
+ * --inject` (src/inject/injector.cpp makes the target call dlopen), it
+ * routes the malloc family to itself and writes one record per call into
+ * the loader's shared-memory ring (src/inject/ring.h).
+ *
+ * How calls reach it: the constructor rewrites the GOT slots (JUMP_SLOT and
+ * GLOB_DAT relocations) naming malloc, free, calloc, realloc, reallocarray,
+ * posix_memalign, aligned_alloc, memalign, valloc, pvalloc and dlopen in
+ * every loaded object but itself and ld.so (dl_iterate_phdr; RELRO pages
+ * are made writable for the write and read-only again). libc's own slots
+ * too: glibc calls malloc through its GOT (strdup, fopen, getline, printf's
+ * buffers), which valgrind and the BPF path count. A hook calls libc's
+ * function (dlsym RTLD_NEXT, resolved once), then writes the record.
+ * dlopen's hook rewrites the objects it brought too.
+ *
+ * Safe for the target: plain C, no C++ runtime; a thread-local flag
+ * (initial-exec TLS: a dlopen'd library's dynamic TLS would itself call
+ * malloc) makes every allocation made while a hook runs (libunwind's,
+ * pthread_getattr_np's) call straight through; a full ring drops the record;
+ * the loader's DETACHED state, a heartbeat older than MT_INJ_STALE_NS (the
+ * loader was killed) or a fork (the child's) make the hooks call straight
+ * through for good. A full ring makes the writer wait for the loader's
+ * drain (50 us naps) while the loader's heartbeat is fresh, and drop the
+ * record only when it is not. Frame-pointer walks stay inside the
+ * thread's stack, above the hook's own frame. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "memtrace.h"
+#include "inject/ring.h"
+
+#define TLS __attribute__((tls_model("initial-exec"))) __thread
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+static struct mt_inj_hdr* g_ring;
+static char* g_data;
+static uint64_t g_mask;
+static uint32_t g_pid;
+static int g_stack_mode;
+static volatile int g_off; /* this process stops writing: fork child, stale loader */
+
+static TLS int t_in_hook;
+static TLS uint32_t t_tid;
+static TLS uint32_t t_count;
+static TLS uintptr_t t_stack_lo, t_stack_hi;
+
+/* The allocator's own functions, as dlsym(RTLD_NEXT) finds them from here
+ * (libc's). Not through this library's PLT: in a non-PIE program that takes
+ * malloc's address (python3) the whole process's malloc is the program's
+ * PLT entry, whose GOT slot is rewritten. */
+static struct {
+  void* (*malloc)(size_t);
+  void (*free)(void*);
+  void* (*calloc)(size_t, size_t);
+  void* (*realloc)(void*, size_t);
+  void* (*reallocarray)(void*, size_t, size_t);
+  int (*posix_memalign)(void**, size_t, size_t);
+  void* (*aligned_alloc)(size_t, size_t);
+  void* (*memalign)(size_t, size_t);
+  void* (*valloc)(size_t);
+  void* (*pvalloc)(size_t);
+  void* (*dlopen)(const char*, int);
+} real;
+
+typedef int (*unw_backtrace_fn)(void**, int);
+static unw_backtrace_fn g_unw_backtrace;
+
+/* ---- the ring: reserve, fill, commit. */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int loader_alive(void) {
+  uint64_t hb = __atomic_load_n(&g_ring->heartbeat_ns, __ATOMIC_RELAXED);
+  if (now_ns() - hb > MT_INJ_STALE_NS) {
+    g_off = 1;
+    return 0;
+  }
+  return 1;
+}
+
+/* Space for len bytes (a multiple of 8) after the record word; NULL when
+ * full. *pos: the record's position, for commit. */
+static void* reserve(uint32_t len, uint64_t* pos) {
+  uint64_t need = MT_INJ_REC_HDR + len, size = g_mask + 1;
+  uint64_t h = __atomic_load_n(&g_ring->head, __ATOMIC_RELAXED);
+  for (;;) {
+    uint64_t t = __atomic_load_n(&g_ring->tail, __ATOMIC_ACQUIRE);
+    uint64_t off = h & g_mask;
+    uint64_t pad = off + need > size ? size - off : 0;
+    if (h + pad + need - t > size) {
+      /* Full: wait for the loader's drain while it lives and wants records
+       * (exact counts: a drop is the last resort), never longer than a
+       * stale heartbeat. A raw nanosleep: not a cancellation point inside
+       * the program's malloc. */
+      if (g_off || __atomic_load_n(&g_ring->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED || !loader_alive()) {
+        __atomic_fetch_add(&g_ring->drops, 1, __ATOMIC_RELAXED);
+        return NULL;
+      }
+      struct timespec nap = {0, 50000};
+      syscall(SYS_nanosleep, &nap, NULL);
+      __atomic_fetch_add(&g_ring->full_waits, 1, __ATOMIC_RELAXED);
+      h = __atomic_load_n(&g_ring->head, __ATOMIC_RELAXED);
+      continue;
+    }
+    if (__atomic_compare_exchange_n(&g_ring->head, &h, h + pad + need, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      if (pad)
+        __atomic_store_n((uint64_t*)(g_data + off), pad << 48 | MT_INJ_PAD | (h & MT_INJ_POS_MASK),
+                         __ATOMIC_RELEASE);
+      *pos = h + pad;
+      return g_data + ((h + pad) & g_mask) + MT_INJ_REC_HDR;
+    }
+  }
+}
+
+static void commit(uint64_t pos, uint32_t len) {
+  __atomic_store_n((uint64_t*)(g_data + (pos & g_mask)), (uint64_t)(MT_INJ_REC_HDR + len) << 48 | (pos & MT_INJ_POS_MASK),
+                   __ATOMIC_RELEASE);
+}
+
+/* ---- stacks. */
+
+static uint32_t tid_of_thread(void) {
+  if (UNLIKELY(!t_tid)) t_tid = (uint32_t)syscall(SYS_gettid);
+  return t_tid;
+}
+
+static void thread_stack_bounds(void) {
+  pthread_attr_t a;
+  void* lo = NULL;
+  size_t sz = 0;
+  t_stack_hi = 1; /* tried */
+  if (pthread_getattr_np(pthread_self(), &a) != 0) return;
+  if (pthread_attr_getstack(&a, &lo, &sz) == 0) {
+    t_stack_lo = (uintptr_t)lo;
+    t_stack_hi = (uintptr_t)lo + sz;
+  }
+  pthread_attr_destroy(&a);
+}
+
+/* Frame pointers from the hook's caller on; ips[0] = ret (the hook's return
+ * address: the call site in the caller). */
+static int fp_stack(uint64_t* ips, int max, void* ret, uintptr_t bp) {
+  int n = 0;
+  ips[n++] = (uint64_t)(uintptr_t)ret;
+  if (UNLIKELY(!t_stack_hi)) thread_stack_bounds();
+  /* Callers' frames lie between the hook's own frame and the stack's top:
+   * every byte there is mapped (below it, in the range pthread gives for
+   * the main thread, may not be). rbp of code without frame pointers is any
+   * value: it is followed only while it stays in there, going up. */
+  uintptr_t lo = bp > t_stack_lo ? bp : t_stack_lo, hi = t_stack_hi;
+  /* bp <= hi - 16, not bp + 16 <= hi: an rbp of -16 wraps around. */
+  if (hi < lo + 16) return n;
+  if (bp >= lo && bp <= hi - 16) bp = ((uintptr_t*)bp)[0]; /* the hook's caller's frame: its return address is ips[0] */
+  while (n < max && bp >= lo && bp <= hi - 16 && !(bp & 7)) {
+    uintptr_t next = ((uintptr_t*)bp)[0];
+    uintptr_t ra = ((uintptr_t*)bp)[1];
+    if (ra < 4096) break;
+    ips[n++] = ra;
+    if (next <= bp) break;
+    bp = next;
+  }
+  return n;
+}
+
+static uint64_t hash_stack(const uint64_t* ips, int n) {
+  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+  for (int i = 0; i < n; i++) {
+    h ^= ips[i];
+    h *= 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  h &= ~(1ull << 63); /* the model's sealed stacks have the top bit */
+  return h ? h : 1;
+}
+
+/* Stacks already sent: open addressing, lock-free insert. */
+#define SEEN_BITS 20
+static uint64_t* g_seen;
+
+/* 1: id is new (send its stack), 0: sent before. */
+static int first_sight(uint64_t id) {
+  if (!g_seen) return 1;
+  uint64_t mask = (1ull << SEEN_BITS) - 1, i = (id * 0x9e3779b97f4a7c15ull) >> (64 - SEEN_BITS);
+  for (int probe = 0; probe < 64; probe++, i = (i + 1) & mask) {
+    uint64_t v = __atomic_load_n(&g_seen[i], __ATOMIC_RELAXED);
+    if (v == id) return 0;
+    if (v == 0) {
+      uint64_t expect = 0;
+      if (__atomic_compare_exchange_n(&g_seen[i], &expect, id, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return 1;
+      if (expect == id) return 0;
+    }
+  }
+  __atomic_fetch_add(&g_ring->stack_table_full, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+
+/* The stack of the current hook call, sent if new: its id (0: none). */
+static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uintptr_t bp, uint32_t* flags) {
+  uint64_t ips[MT_MAX_FRAMES];
+  int n = 0;
+  if (g_stack_mode == MT_INJ_STACK_LIBUNWIND && g_unw_backtrace) {
+    void* buf[MT_MAX_FRAMES + 2];
+    int got = g_unw_backtrace(buf, MT_MAX_FRAMES + 2);
+    /* buf[0]: inside the hook; then its caller. Start at the hook's return address. */
+    int at = 0;
+    while (at < got && at < 3 && buf[at] != ret) at++;
+    if (at == got || at == 3) at = got > 1 ? 1 : got;
+    for (int i = at; i < got && n < MT_MAX_FRAMES; i++) ips[n++] = (uint64_t)(uintptr_t)buf[i];
+    if (got == MT_MAX_FRAMES + 2) *flags |= MT_F_STACK_TRUNCATED;
+  } else if (g_stack_mode != MT_INJ_STACK_NONE) {
+    n = fp_stack(ips, MT_MAX_FRAMES, ret, bp);
+    if (n == MT_MAX_FRAMES) *flags |= MT_F_STACK_TRUNCATED;
+  }
+  if (n == 0) {
+    *flags |= MT_F_NO_STACK;
+    return 0;
+  }
+  uint64_t id = hash_stack(ips, n);
+  if (first_sight(id)) {
+    uint32_t len = MT_STACK_BYTES(n);
+    uint64_t pos;
+    struct mt_stack* s = (struct mt_stack*)reserve(len, &pos);
+    if (s) {
+      s->h.kind = MT_EV_STACK;
+      s->h.flags = *flags & MT_F_STACK_TRUNCATED;
+      s->h.pid = g_pid;
+      s->h.tid = tid_of_thread();
+      s->h.ts = 0;
+      s->stack_id = id;
+      s->nr = (uint32_t)n;
+      s->pad = 0;
+      memcpy(s->ips, ips, sizeof(uint64_t) * (size_t)n);
+      commit(pos, len);
+    }
+  }
+  return id;
+}
+
+static void emit(uint32_t kind, uint32_t flags, uint64_t addr, uint64_t size, uint64_t old_addr, uint64_t stack_id,
+                 uint32_t role) {
+  uint64_t pos;
+  struct mt_event* e = (struct mt_event*)reserve(sizeof(struct mt_event), &pos);
+  if (!e) return;
+  e->h.kind = kind;
+  e->h.flags = flags;
+  e->h.pid = g_pid;
+  e->h.tid = tid_of_thread();
+  e->h.ts = now_ns();
+  e->addr = addr;
+  e->size = size;
+  e->old_addr = old_addr;
+  e->old_size = 0;
+  e->stack_id = stack_id;
+  e->role = role;
+  e->aux = 0;
+  commit(pos, sizeof(struct mt_event));
+}
+
+/* Whether this call is recorded: the ring is there and wanted, and the
+ * thread is not inside a hook already. Sets the flag. */
+static inline int enter(void) {
+  if (UNLIKELY(t_in_hook)) return 0;
+  struct mt_inj_hdr* r = g_ring;
+  if (UNLIKELY(!r || g_off)) return 0;
+  if (UNLIKELY(__atomic_load_n(&r->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED)) return 0;
+  if (UNLIKELY(++t_count % MT_INJ_HEARTBEAT_EVERY == 0) && !loader_alive()) return 0;
+  t_in_hook = 1;
+  return 1;
+}
+static inline void leave(void) { t_in_hook = 0; }
+
+static uint64_t mul_sat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+#define RET __builtin_return_address(0)
+#define BP ((uintptr_t)__builtin_frame_address(0))
+
+/* ---- hooks. noinline: each has its own frame (the stack starts at its
+ * return address). */
+
+static __attribute__((noinline)) void* hook_malloc(size_t size) {
+  if (!enter()) return real.malloc(size);
+  uint32_t flags = 0;
+  uint64_t sid = take_stack(RET, BP, &flags);
+  void* p = real.malloc(size);
+  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, MT_ROLE_MALLOC);
+  leave();
+  return p;
+}
+
+static __attribute__((noinline)) void hook_free(void* ptr) {
+  if (!ptr || !enter()) {
+    real.free(ptr);
+    return;
+  }
+  /* The record before the block goes back: a thread that gets the address
+   * next writes its record after this one. */
+  emit(MT_EV_FREE, 0, (uintptr_t)ptr, 0, 0, 0, MT_ROLE_FREE);
+  real.free(ptr);
+  leave();
+}
+
+static __attribute__((noinline)) void* hook_calloc(size_t n, size_t size) {
+  if (!enter()) return real.calloc(n, size);
+  uint32_t flags = 0;
+  uint64_t sid = take_stack(RET, BP, &flags);
+  void* p = real.calloc(n, size);
+  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, mul_sat(n, size), 0, sid, MT_ROLE_CALLOC);
+  leave();
+  return p;
+}
+
+/* realloc(p, n) as the BPF path records it: p dies at entry; at return the
+ * new block, or p revived (MT_EV_REALLOC_FAIL) if realloc failed with n > 0. */
+static void realloc_record(void* old, void* p, uint64_t size, uint32_t flags, uint64_t sid, uint32_t role) {
+  if (old && !p) {
+    if (size) emit(MT_EV_REALLOC_FAIL, flags, (uintptr_t)old, size, 0, sid, role);
+    return;
+  }
+  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, (uintptr_t)old, sid, role);
+}
+
+static __attribute__((noinline)) void* hook_realloc(void* old, size_t size) {
+  if (!enter()) return real.realloc(old, size);
+  uint32_t flags = 0;
+  uint64_t sid = take_stack(RET, BP, &flags);
+  if (old) emit(MT_EV_FREE, flags, (uintptr_t)old, 0, 0, sid, MT_ROLE_REALLOC);
+  void* p = real.realloc(old, size);
+  realloc_record(old, p, size, flags, sid, MT_ROLE_REALLOC);
+  leave();
+  return p;
+}
+
+static __attribute__((noinline)) void* hook_reallocarray(void* old, size_t n, size_t size) {
+  if (!enter()) return real.reallocarray(old, n, size);
+  uint32_t flags = 0;
+  uint64_t sid = take_stack(RET, BP, &flags);
+  if (old) emit(MT_EV_FREE, flags, (uintptr_t)old, 0, 0, sid, MT_ROLE_REALLOCARRAY);
+  void* p = real.reallocarray(old, n, size);
+  realloc_record(old, p, mul_sat(n, size), flags, sid, MT_ROLE_REALLOCARRAY);
+  leave();
+  return p;
+}
+
+static __attribute__((noinline)) int hook_posix_memalign(void** out, size_t align, size_t size) {
+  if (!enter()) return real.posix_memalign(out, align, size);
+  uint32_t flags = 0;
+  uint64_t sid = take_stack(RET, BP, &flags);
+  int r = real.posix_memalign(out, align, size);
+  void* p = r == 0 ? *out : NULL;
+  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, MT_ROLE_POSIX_MEMALIGN);
+  leave();
+  return r;
+}
+
+#define ALIGNED_HOOK(name, role)                                                              \
+  static __attribute__((noinline)) void* hook_##name(size_t align, size_t size) {             \
+    if (!enter()) return real.name(align, size);                                                   \
+    uint32_t flags = 0;                                                                       \
+    uint64_t sid = take_stack(RET, BP, &flags);                                               \
+    void* p = real.name(align, size);                                                              \
+    emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, role);        \
+    leave();                                                                                  \
+    return p;                                                                                 \
+  }
+ALIGNED_HOOK(aligned_alloc, MT_ROLE_ALIGNED_ALLOC)
+ALIGNED_HOOK(memalign, MT_ROLE_MEMALIGN)
+
+#define PAGE_HOOK(name, role)                                                                 \
+  static __attribute__((noinline)) void* hook_##name(size_t size) {                           \
+    if (!enter()) return real.name(size);                                                          \
+    uint32_t flags = 0;                                                                       \
+    uint64_t sid = take_stack(RET, BP, &flags);                                               \
+    void* p = real.name(size);                                                                     \
+    emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, role);        \
+    leave();                                                                                  \
+    return p;                                                                                 \
+  }
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+PAGE_HOOK(valloc, MT_ROLE_VALLOC)
+PAGE_HOOK(pvalloc, MT_ROLE_PVALLOC)
+#pragma GCC diagnostic pop
+
+static void rewrite_all(void);
+
+/* Objects a dlopen brings get their slots rewritten too. */
+static void* hook_dlopen(const char* file, int mode) {
+  void* h = real.dlopen(file, mode);
+  if (h && g_ring && !g_off) rewrite_all();
+  return h;
+}
+
+/* ---- GOT rewriting. */
+
+struct hook {
+  const char* name;
+  void* fn;
+};
+static const struct hook g_hooks[] = {
+    {"malloc", (void*)hook_malloc},
+    {"free", (void*)hook_free},
+    {"calloc", (void*)hook_calloc},
+    {"realloc", (void*)hook_realloc},
+    {"reallocarray", (void*)hook_reallocarray},
+    {"posix_memalign", (void*)hook_posix_memalign},
+    {"aligned_alloc", (void*)hook_aligned_alloc},
+    {"memalign", (void*)hook_memalign},
+    {"valloc", (void*)hook_valloc},
+    {"pvalloc", (void*)hook_pvalloc},
+    {"dlopen", (void*)hook_dlopen},
+};
+
+static const void* hook_for(const char* name) {
+  for (size_t i = 0; i < sizeof g_hooks / sizeof g_hooks[0]; i++)
+    if (strcmp(name, g_hooks[i].name) == 0) return g_hooks[i].fn;
+  return NULL;
+}
+
+static int skip_object(const struct dl_phdr_info* info) {
+  const char* name = info->dlpi_name ? info->dlpi_name : "";
+  const char* base = strrchr(name, '/');
+  base = base ? base + 1 : name;
+  if (strncmp(base, "ld-linux", 8) == 0 ||
+      strncmp(base, "linux-vdso", 10) == 0 || strstr(base, "libmemtrace_agent") != NULL)
+    return 1;
+  /* Ourselves, whatever our file is called: an object holding this code. */
+  uintptr_t self = (uintptr_t)&hook_malloc;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD) continue;
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+    if (self >= lo && self < lo + ph->p_memsz) return 1;
+  }
+  return 0;
+}
+
+/* d_ptr values: ld.so relocates most of them in place; a value below the
+ * load bias has not been. */
+static uintptr_t dyn_ptr(const struct dl_phdr_info* info, uintptr_t v) {
+  return v < info->dlpi_addr ? v + info->dlpi_addr : v;
+}
+
+struct rewrite_stats {
+  uint32_t slots, objects;
+};
+
+static void write_slot(const struct dl_phdr_info* info, uintptr_t slot, const void* fn) {
+  if (*(void* const*)slot == fn) return;
+  uintptr_t relro_lo = 0, relro_hi = 0;
+  for (int i = 0; i < info->dlpi_phnum; i++)
+    if (info->dlpi_phdr[i].p_type == PT_GNU_RELRO) {
+      relro_lo = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+      relro_hi = relro_lo + info->dlpi_phdr[i].p_memsz;
+    }
+  long page = sysconf(_SC_PAGESIZE);
+  uintptr_t pg = slot & ~(uintptr_t)(page - 1);
+  int ro = slot >= relro_lo && slot < relro_hi;
+  if (ro && mprotect((void*)pg, (size_t)page, PROT_READ | PROT_WRITE) != 0) return;
+  __atomic_store_n((void**)slot, (void*)fn, __ATOMIC_RELEASE);
+  if (ro) mprotect((void*)pg, (size_t)page, PROT_READ);
+}
+
+static void rewrite_relocs(const struct dl_phdr_info* info, const ElfW(Rela) * rel, size_t bytes,
+                           const ElfW(Sym) * symtab, const char* strtab, uint32_t* slots) {
+  for (size_t i = 0; i < bytes / sizeof(ElfW(Rela)); i++) {
+    uint32_t type = ELF64_R_TYPE(rel[i].r_info), sym = ELF64_R_SYM(rel[i].r_info);
+    if ((type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) || sym == 0) continue;
+    const void* fn = hook_for(strtab + symtab[sym].st_name);
+    if (!fn) continue;
+    write_slot(info, info->dlpi_addr + rel[i].r_offset, fn);
+    (*slots)++;
+  }
+}
+
+static int rewrite_object(struct dl_phdr_info* info, size_t size, void* data) {
+  struct rewrite_stats* st = (struct rewrite_stats*)data;
+  if (skip_object(info)) return 0;
+  const ElfW(Dyn)* dyn = NULL;
+  for (int i = 0; i < info->dlpi_phnum; i++)
+    if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn)*)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+  if (!dyn) return 0;
+  const ElfW(Sym)* symtab = NULL;
+  const char* strtab = NULL;
+  const ElfW(Rela)*jmprel = NULL, *rela = NULL;
+  size_t jmprel_bytes = 0, rela_bytes = 0;
+  for (; dyn->d_tag != DT_NULL; dyn++) {
+    switch (dyn->d_tag) {
+      case DT_SYMTAB: symtab = (const ElfW(Sym)*)dyn_ptr(info, dyn->d_un.d_ptr); break;
+      case DT_STRTAB: strtab = (const char*)dyn_ptr(info, dyn->d_un.d_ptr); break;
+      case DT_JMPREL: jmprel = (const ElfW(Rela)*)dyn_ptr(info, dyn->d_un.d_ptr); break;
+      case DT_PLTRELSZ: jmprel_bytes = dyn->d_un.d_val; break;
+      case DT_RELA: rela = (const ElfW(Rela)*)dyn_ptr(info, dyn->d_un.d_ptr); break;
+      case DT_RELASZ: rela_bytes = dyn->d_un.d_val; break;
+      default: break;
+    }
+  }
+  if (!symtab || !strtab) return 0;
+  uint32_t before = st->slots;
+  if (jmprel) rewrite_relocs(info, jmprel, jmprel_bytes, symtab, strtab, &st->slots);
+  if (rela) rewrite_relocs(info, rela, rela_bytes, symtab, strtab, &st->slots);
+  if (st->slots != before) st->objects++;
+  return 0;
+}
+
+static pthread_mutex_t g_rewrite_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void rewrite_all(void) {
+  struct rewrite_stats st = {0, 0};
+  int was = t_in_hook;
+  t_in_hook = 1;
+  pthread_mutex_lock(&g_rewrite_lock);
+  dl_iterate_phdr(rewrite_object, &st);
+  pthread_mutex_unlock(&g_rewrite_lock);
+  t_in_hook = was;
+  if (g_ring) {
+    __atomic_store_n(&g_ring->slots_hooked, st.slots, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_ring->objects_hooked, st.objects, __ATOMIC_RELAXED);
+  }
+}
+
+/* ---- setup. */
+
+/* The real functions; NULL if they can be found, else why not. */
+static const char* resolve_real(void) {
+#define REAL(n)                                                   \
+  do {                                                            \
+    *(void**)&real.n = dlsym(RTLD_NEXT, #n);                      \
+    if (!real.n) return "dlsym(RTLD_NEXT, " #n ") found nothing"; \
+  } while (0)
+  REAL(malloc);
+  REAL(free);
+  REAL(calloc);
+  REAL(realloc);
+  REAL(reallocarray);
+  REAL(posix_memalign);
+  REAL(aligned_alloc);
+  REAL(memalign);
+  REAL(valloc);
+  REAL(pvalloc);
+  REAL(dlopen);
+#undef REAL
+  /* The program's malloc must be the one found here (libc's): an allocator
+   * defined before it in the global scope (LD_PRELOAD=libjemalloc.so) is
+   * not supported yet. A non-PIE program's PLT entry (python3) is not a
+   * definition: dladdr names no "malloc" there. */
+  static const char* const names[] = {"malloc", "free", "calloc", "realloc"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    void* def = dlsym(RTLD_DEFAULT, names[i]);
+    Dl_info di;
+    const ElfW(Sym)* sym = NULL;
+    if (def && def != dlsym(RTLD_NEXT, names[i]) && dladdr1(def, &di, (void**)&sym, RTLD_DL_SYMENT) && sym &&
+        di.dli_sname && strcmp(di.dli_sname, names[i]) == 0 && di.dli_saddr == def && sym->st_shndx != SHN_UNDEF)
+      return "the program's allocator is not libc's (preloaded allocator): not supported by --inject yet";
+  }
+  return NULL;
+}
+
+static void after_fork_child(void) { g_off = 1; }
+
+static void agent_failed(const char* why) {
+  snprintf(g_ring->agent_error, sizeof g_ring->agent_error, "%s", why);
+  __atomic_store_n(&g_ring->agent_state, MT_INJ_AGENT_FAILED, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void agent_init(void) {
+  char path[64];
+  snprintf(path, sizeof path, MT_INJ_PATH_FMT, (int)getpid());
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return; /* not for us: loaded by something else */
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < MT_INJ_HDR_BYTES) {
+    close(fd);
+    return;
+  }
+  void* m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return;
+  struct mt_inj_hdr* r = (struct mt_inj_hdr*)m;
+  if (r->magic != MT_INJ_MAGIC || r->version != MT_INJ_VERSION || r->pid != (uint32_t)getpid() ||
+      r->hdr_bytes != MT_INJ_HDR_BYTES || (r->data_bytes & (r->data_bytes - 1)) != 0 ||
+      r->hdr_bytes + r->data_bytes > (uint64_t)st.st_size) {
+    munmap(m, (size_t)st.st_size);
+    return;
+  }
+  g_ring = r;
+  const char* bad = resolve_real();
+  if (bad) {
+    agent_failed(bad);
+    g_ring = NULL;
+    return;
+  }
+  g_data = (char*)m + r->hdr_bytes;
+  g_mask = r->data_bytes - 1;
+  g_pid = (uint32_t)getpid();
+  g_stack_mode = (int)r->stack_mode;
+  if (g_stack_mode == MT_INJ_STACK_LIBUNWIND) {
+    void* u = real.dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+    if (u) {
+      g_unw_backtrace = (unw_backtrace_fn)dlsym(u, "unw_backtrace");
+      /* heaptrack's setting: a cache per thread, no lock per unwind. */
+      typedef int (*policy_fn)(void*, int);
+      policy_fn set_policy = (policy_fn)dlsym(u, "_ULx86_64_set_caching_policy");
+      void** as = (void**)dlsym(u, "_ULx86_64_local_addr_space");
+      if (set_policy && as) set_policy(*as, 2 /* UNW_CACHE_PER_THREAD */);
+    }
+    if (!g_unw_backtrace) g_stack_mode = MT_INJ_STACK_FP;
+  }
+  r->stack_used = (uint32_t)g_stack_mode;
+  void* seen = mmap(NULL, sizeof(uint64_t) << SEEN_BITS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  g_seen = seen == MAP_FAILED ? NULL : (uint64_t*)seen;
+  if (pthread_atfork(NULL, NULL, after_fork_child) != 0) {
+    agent_failed("pthread_atfork failed");
+    g_ring = NULL;
+    return;
+  }
+  rewrite_all();
+  __atomic_store_n(&r->agent_state, MT_INJ_AGENT_HOOKED, __ATOMIC_RELEASE);
+}
+
+/* For tests: whether this process's hooks record (1) or call straight through (0). */
+EXPORT int memtrace_agent_recording(void) {
+  return g_ring && !g_off && __atomic_load_n(&g_ring->state, __ATOMIC_RELAXED) == MT_INJ_ATTACHED && loader_alive();
+}

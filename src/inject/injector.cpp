@@ -1,0 +1,275 @@
+#include "inject/injector.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/fd.h"
+#include "elf/elf_file.h"
+#include "procfs/proc_maps.h"
+
+namespace memtrace::inject {
+namespace {
+
+// A waitpid status of a traced thread, named (STYLE.md #6).
+struct Stop {
+  enum Kind { Exited, Killed, EventStop, SignalStop } kind;
+  int sig = 0;  // SignalStop: the signal; EventStop: WSTOPSIG
+  static Stop of(int st) {
+    if (WIFEXITED(st)) return {Exited, WEXITSTATUS(st)};
+    if (WIFSIGNALED(st)) return {Killed, WTERMSIG(st)};
+    if ((st >> 16) == PTRACE_EVENT_STOP) return {EventStop, WSTOPSIG(st)};
+    return {SignalStop, WSTOPSIG(st)};
+  }
+};
+
+std::string base_name(const std::string& p) { return p.substr(p.rfind('/') + 1); }
+
+std::vector<pid_t> task_ids(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (auto* e = readdir(d))
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9') out.push_back(atoi(e->d_name));
+  closedir(d);
+  return out;
+}
+
+// Every thread of a process, seized and stopped; detached (with the signals
+// that arrived meanwhile handed back) when it goes out of scope.
+class StoppedProcess {
+ public:
+  explicit StoppedProcess(pid_t pid) : pid_(pid) {}
+  StoppedProcess(const StoppedProcess&) = delete;
+  StoppedProcess& operator=(const StoppedProcess&) = delete;
+  ~StoppedProcess() {
+    for (auto& [tid, sig] : threads_) ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(intptr_t(sig)));
+  }
+
+  // Seize and interrupt threads until a listing finds none new (threads
+  // started during the attach are caught by the next round).
+  Result<void> stop_all() {
+    for (int round = 0; round < 100; round++) {
+      bool added = false;
+      for (pid_t tid : task_ids(pid_)) {
+        if (threads_.count(tid) || gone_.count(tid)) continue;
+        if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
+          if (errno == ESRCH) {
+            gone_.insert(tid);
+            continue;
+          }
+          return Error::sys("ptrace(PTRACE_SEIZE) thread " + std::to_string(tid) + " of pid " + std::to_string(pid_));
+        }
+        added = true;
+        if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) {
+          ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+          gone_.insert(tid);
+          continue;
+        }
+        int st = 0;
+        if (waitpid(tid, &st, __WALL) != tid) {
+          gone_.insert(tid);
+          continue;
+        }
+        Stop s = Stop::of(st);
+        if (s.kind == Stop::Exited || s.kind == Stop::Killed) {
+          gone_.insert(tid);
+          continue;
+        }
+        // A signal that stopped it before the interrupt goes back at detach.
+        threads_[tid] = s.kind == Stop::SignalStop ? s.sig : 0;
+      }
+      if (!added) break;
+    }
+    if (!threads_.count(pid_)) return Error::msg("pid " + std::to_string(pid_) + ": its main thread could not be stopped");
+    return {};
+  }
+  size_t count() const { return threads_.size(); }
+  // A signal for tid that arrived during the call: handed back at detach.
+  void keep_signal(pid_t tid, int sig) {
+    auto& s = threads_[tid];
+    if (!s) s = sig;
+    else extra_.push_back({tid, sig});
+  }
+  void resend_extra() {
+    for (auto& [tid, sig] : extra_) syscall(SYS_tgkill, pid_, tid, sig);
+  }
+
+ private:
+  pid_t pid_;
+  std::map<pid_t, int> threads_;  // tid -> signal to deliver at detach
+  std::set<pid_t> gone_;
+  std::vector<std::pair<pid_t, int>> extra_;
+};
+
+Result<void> mem_io(int fd, uint64_t addr, void* buf, size_t len, bool write) {
+  ssize_t n = write ? pwrite(fd, buf, len, static_cast<off_t>(addr)) : pread(fd, buf, len, static_cast<off_t>(addr));
+  if (n != static_cast<ssize_t>(len)) return Error::sys(std::string(write ? "write" : "read") + " target memory");
+  return {};
+}
+
+// Calls fn(arg0, arg1) on thread tid (stopped) and returns its rax. Memory
+// [rsp - 256 - len(str) - 24, rsp) and every register are put back.
+// str, when given, is copied below the red zone and passed as arg0.
+Result<uint64_t> remote_call(StoppedProcess& sp, pid_t tid, int mem, uint64_t fn, const std::string* str,
+                             uint64_t arg0, uint64_t arg1, int timeout_ms) {
+  user_regs_struct saved{};
+  if (ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0) return Error::sys("ptrace(PTRACE_GETREGS)");
+  uint64_t top = saved.rsp - 256;  // the red zone is 128 bytes: more room is free
+  uint64_t str_at = top;
+  if (str) {
+    str_at = (top - str->size() - 1) & ~uint64_t{15};
+    arg0 = str_at;
+  } else {
+    str_at &= ~uint64_t{15};
+  }
+  uint64_t rsp = str_at - 8;  // the return address; rsp + 8 is 16-aligned at the entry, as the ABI wants
+  std::vector<char> old(saved.rsp - rsp);
+  if (auto r = mem_io(mem, rsp, old.data(), old.size(), false); !r) return r.error();
+  std::vector<char> frame(old.size(), 0);  // return address 0: the return faults at rip 0
+  if (str) memcpy(frame.data() + (str_at - rsp), str->c_str(), str->size() + 1);
+  if (auto r = mem_io(mem, rsp, frame.data(), frame.size(), true); !r) return r.error();
+
+  user_regs_struct regs = saved;
+  regs.rip = fn;
+  regs.rdi = arg0;
+  regs.rsi = arg1;
+  regs.rax = 0;
+  regs.rsp = rsp;
+  // Not inside a syscall any more: no restart logic may move rip back by
+  // 2 on the way out (the saved registers, put back below, keep theirs).
+  regs.orig_rax = static_cast<unsigned long long>(-1);
+  auto put_back = [&] {
+    (void)mem_io(mem, rsp, old.data(), old.size(), true);
+    ptrace(PTRACE_SETREGS, tid, nullptr, &saved);
+  };
+  if (ptrace(PTRACE_SETREGS, tid, nullptr, &regs) != 0) {
+    put_back();
+    return Error::sys("ptrace(PTRACE_SETREGS)");
+  }
+  if (ptrace(PTRACE_CONT, tid, nullptr, nullptr) != 0) {
+    put_back();
+    return Error::sys("ptrace(PTRACE_CONT)");
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int st = 0;
+    pid_t w = waitpid(tid, &st, __WALL | WNOHANG);
+    if (w == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
+        waitpid(tid, &st, __WALL);
+        put_back();
+        return Error::msg("the call did not return within " + std::to_string(timeout_ms) +
+                          " ms (a lock held by another thread?); abandoned, the target's loader lock may stay taken");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    if (w < 0) return Error::sys("waitpid");
+    Stop s = Stop::of(st);
+    if (s.kind == Stop::Exited || s.kind == Stop::Killed)
+      return Error::msg("the process ended during the call (" +
+                        std::string(s.kind == Stop::Exited ? "exit " + std::to_string(s.sig)
+                                                           : std::string("signal ") + strsignal(s.sig)) +
+                        ")");
+    if (s.kind == Stop::EventStop) {  // an interrupt or group stop: go on
+      ptrace(PTRACE_CONT, tid, nullptr, nullptr);
+      continue;
+    }
+    if (s.sig == SIGSEGV) {
+      user_regs_struct now{};
+      ptrace(PTRACE_GETREGS, tid, nullptr, &now);
+      put_back();
+      if (now.rip != 0) return Error::msg("the call crashed (SIGSEGV at " + std::to_string(now.rip) + ")");
+      return uint64_t{now.rax};
+    }
+    sp.keep_signal(tid, s.sig);  // not for us: delivered at detach
+    ptrace(PTRACE_CONT, tid, nullptr, nullptr);
+  }
+}
+
+uint64_t micros_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<uint64_t> libc_function(pid_t pid, const std::string& name) {
+  auto maps = procfs::read_maps(pid);
+  if (!maps) return maps.error();
+  const procfs::Mapping* libc = nullptr;
+  for (const auto& m : *maps) {
+    std::string b = base_name(m.path);
+    if (m.file() && (b.rfind("libc.so", 0) == 0 || b.rfind("libc-2", 0) == 0)) {
+      libc = &m;
+      break;
+    }
+  }
+  if (!libc)
+    return Error::msg("pid " + std::to_string(pid) + " maps no libc (a static program?): nothing to call dlopen in");
+  std::string file = "/proc/" + std::to_string(pid) + "/root" + libc->path;
+  auto elf = elf::ElfFile::open(file);
+  if (!elf) return elf.error();
+  auto sym = elf->find_function(name);
+  if (!sym) return Error::msg(libc->path + " defines no " + name + " (glibc before 2.34 has it in libdl)");
+  for (const auto& m : *maps)
+    if (m.dev == libc->dev && m.inode == libc->inode && sym->file_offset >= m.offset &&
+        sym->file_offset < m.offset + (m.end - m.start))
+      return m.start + (sym->file_offset - m.offset);
+  return Error::msg(name + " of " + libc->path + " lies in no mapping of pid " + std::to_string(pid));
+}
+
+Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms) {
+  std::string where = "dlopen(" + path + ") in pid " + std::to_string(pid);
+  auto dl = libc_function(pid, "dlopen");
+  if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
+  auto dlerr = libc_function(pid, "dlerror");
+  auto t0 = std::chrono::steady_clock::now();
+  Result<uint64_t> out = uint64_t{0};
+  {
+    StoppedProcess sp(pid);
+    if (auto r = sp.stop_all(); !r) return Error{where + ": " + r.error().message, r.error().err};
+    if (stats) stats->threads = sp.count();
+    Fd mem(open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC));
+    if (!mem.valid()) return Error::sys(where + ": open /proc/" + std::to_string(pid) + "/mem");
+    auto t1 = std::chrono::steady_clock::now();
+    auto h = remote_call(sp, pid, mem.get(), *dl, &path, 0, RTLD_NOW, timeout_ms);
+    if (stats) stats->call_us = micros_since(t1);
+    if (!h) {
+      out = Error{where + ": " + h.error().message, h.error().err};
+    } else if (*h == 0) {
+      std::string why = "dlopen returned NULL";
+      if (dlerr) {
+        auto msg = remote_call(sp, pid, mem.get(), *dlerr, nullptr, 0, 0, timeout_ms);
+        if (msg && *msg) {
+          char buf[512] = {0};
+          if (pread(mem.get(), buf, sizeof buf - 1, static_cast<off_t>(*msg)) > 0) why = buf;
+        }
+      }
+      out = Error::msg(where + ": " + why);
+    } else {
+      out = *h;
+    }
+    sp.resend_extra();
+  }
+  if (stats) stats->stopped_us = micros_since(t0);
+  return out;
+}
+
+}  // namespace memtrace::inject

@@ -1,0 +1,37 @@
+// Make a running process load a shared library, from outside, without gdb:
+// every thread is stopped (PTRACE_SEIZE + PTRACE_INTERRUPT), the main thread
+// is made to call dlopen(path, RTLD_NOW) (found in the process's libc through
+// src/elf and src/procfs) with the path written on its stack below the red
+// zone and a return address of 0 (the return traps: SIGSEGV at rip 0); its
+// registers and the stack bytes are put back and every thread is detached.
+//
+//   auto h = inject::load_library(pid, "/usr/lib/libmemtrace_agent.so");
+//   if (!h) ... h.error().message  ("dlopen in pid 123: ...: cannot open shared object file")
+#pragma once
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+
+namespace memtrace::inject {
+
+struct LoadStats {
+  uint64_t threads = 0;     // threads stopped
+  uint64_t stopped_us = 0;  // how long the process was stopped
+  uint64_t call_us = 0;     // the dlopen call itself (the agent's constructor in it)
+};
+
+// The handle dlopen returned in the target (non-zero), or why not.
+// timeout_ms: how long the call may take; past it the attempt is abandoned
+// (the thread is interrupted, its registers restored: a dlopen stopped half
+// way may leave the target's loader lock taken; said in the error).
+Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats = nullptr,
+                              int timeout_ms = 10000);
+
+// Address of a function of the target's libc (dlopen, dlerror) in pid:
+// the file's symbol placed in the mapping that holds its file offset.
+Result<uint64_t> libc_function(pid_t pid, const std::string& name);
+
+}  // namespace memtrace::inject

@@ -1,0 +1,97 @@
+/* The contract between the injected agent (src/inject/agent.cpp, inside the
+ * traced process) and the loader (src/inject/session.cpp): a shared-memory
+ * ring of records. Plain C, fixed-width types, no pointers (STYLE.md #1);
+ * both sides include this file.
+ *
+ * The loader creates /dev/shm/memtrace-inject.PID (MT_INJ_PATH_FMT, PID the
+ * target's tgid), owned by the target's uid, mode 0600, before it makes the
+ * target dlopen the agent; the agent's constructor maps it (MAP_SHARED) and
+ * the loader unlinks the name once the agent has said it is there
+ * (agent_state). The records are the BPF path's own, bpf/memtrace.h: an
+ * mt_event per allocator call, an mt_stack per distinct stack; the loader
+ * feeds them to the same heap model (heap::HeapModel::apply).
+ *
+ * The ring: many producers (the target's threads), one consumer (the
+ * loader), lock-free. A producer reserves bytes with a CAS on head; a
+ * record never crosses the end of the data area (a pad record fills the
+ * rest). Every record starts with one 8-byte word written last, with
+ * release order: len << 48 | (MT_INJ_PAD if a pad) | (pos & MT_INJ_POS_MASK),
+ * pos being the record's absolute stream position. The consumer reads the
+ * word at tail with acquire order: the record is complete when its pos
+ * bits are tail's (stale bytes of the last lap carry an older position), so
+ * nothing is ever zeroed. A full ring makes the writer wait while the
+ * loader's heartbeat is fresh (full_waits); a record is dropped (drops) only
+ * when the loader is gone or detached. */
+#ifndef MEMTRACE_INJECT_RING_H
+#define MEMTRACE_INJECT_RING_H
+
+#include <stdint.h>
+
+#define MT_INJ_MAGIC 0x314a4e4945544d4dull /* "MMTEINJ1" */
+#define MT_INJ_VERSION 1
+#define MT_INJ_PATH_FMT "/dev/shm/memtrace-inject.%d"
+#define MT_INJ_HDR_BYTES 4096 /* the data area starts one page in */
+#define MT_INJ_POS_MASK ((1ull << 47) - 1)
+#define MT_INJ_PAD (1ull << 47)
+#define MT_INJ_REC_HDR 8 /* the word in front of every record */
+
+/* state: written by the loader. */
+enum mt_inj_state {
+	MT_INJ_WAITING = 0,  /* created, the agent may map it */
+	MT_INJ_ATTACHED = 1, /* records wanted */
+	MT_INJ_DETACHED = 2, /* the loader is done: hooks call straight through */
+};
+
+/* agent_state: written by the agent. */
+enum mt_inj_agent_state {
+	MT_INJ_AGENT_NONE = 0,
+	MT_INJ_AGENT_HOOKED = 1, /* ring mapped, GOT slots rewritten */
+	MT_INJ_AGENT_FAILED = 2, /* ring mapped, nothing hooked (agent_error says why) */
+};
+
+/* stack_mode: written by the loader before the agent loads. */
+enum mt_inj_stack_mode {
+	MT_INJ_STACK_NONE = 0,
+	MT_INJ_STACK_FP = 1,        /* frame pointers, bounded by the thread's stack */
+	MT_INJ_STACK_LIBUNWIND = 2, /* libunwind's unw_backtrace (.eh_frame), FP if libunwind.so.8 is missing */
+};
+
+/* The loader refreshes heartbeat_ns (CLOCK_MONOTONIC) at every drain; a
+ * producer that finds it older than this stops writing for good: the
+ * loader died without saying so (SIGKILL, OOM). Checked every
+ * MT_INJ_HEARTBEAT_EVERY records of a thread and whenever the ring is full. */
+#define MT_INJ_STALE_NS (3ull * 1000000000ull)
+#define MT_INJ_HEARTBEAT_EVERY 4096
+
+struct mt_inj_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t hdr_bytes;  /* MT_INJ_HDR_BYTES */
+	uint64_t data_bytes; /* a power of two */
+	uint32_t pid;        /* the target's tgid */
+	uint32_t loader_pid;
+	uint32_t state;      /* enum mt_inj_state */
+	uint32_t stack_mode; /* enum mt_inj_stack_mode */
+	uint64_t heartbeat_ns;
+	/* Written by the agent. */
+	uint32_t agent_state;  /* enum mt_inj_agent_state */
+	uint32_t stack_used;   /* the enum mt_inj_stack_mode it uses */
+	uint32_t slots_hooked; /* GOT slots rewritten (JUMP_SLOT and GLOB_DAT) */
+	uint32_t objects_hooked;
+	uint64_t drops;        /* records not written: ring full and the loader gone or detached */
+	uint64_t full_waits;   /* 50 us naps of a writer that found the ring full (the loader's drain was behind) */
+	uint64_t stack_table_full; /* stacks sent again and again: the agent's table of sent stacks is full */
+	char agent_error[128];
+	uint64_t pad0[3];
+	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
+	uint64_t pad1[7];
+	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */
+};
+
+#ifdef __cplusplus
+static_assert(sizeof(struct mt_inj_hdr) <= MT_INJ_HDR_BYTES, "mt_inj_hdr fits its page");
+#else
+_Static_assert(sizeof(struct mt_inj_hdr) <= MT_INJ_HDR_BYTES, "mt_inj_hdr fits its page");
+#endif
+
+#endif

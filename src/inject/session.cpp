@@ -1,0 +1,161 @@
+#include "inject/session.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/fd.h"
+
+namespace memtrace::inject {
+namespace {
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+}  // namespace
+
+std::string agent_path() {
+  if (const char* e = getenv("MEMTRACE_AGENT"); e && *e) return e;
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string dir = ".";
+  if (n > 0) {
+    self[n] = 0;
+    dir = std::string(self);
+    dir = dir.substr(0, dir.rfind('/'));
+  }
+  return dir + "/libmemtrace_agent.so";
+}
+
+Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode) {
+  if (data_bytes < 4096 || (data_bytes & (data_bytes - 1)))
+    return Error::msg("ring size " + std::to_string(data_bytes) + " is not a power of two of at least 4096");
+  char path[64];
+  snprintf(path, sizeof path, MT_INJ_PATH_FMT, static_cast<int>(pid));
+  struct stat st {};
+  std::string proc = "/proc/" + std::to_string(pid);
+  if (stat(proc.c_str(), &st) != 0) return Error::sys("stat " + proc);
+  ::unlink(path);  // a dead session's
+  Fd fd(open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Error::sys(std::string("create ") + path);
+  std::unique_ptr<Ring> r(new Ring());
+  r->path_ = path;
+  // The target opens it as itself: its owner.
+  if (fchown(fd.get(), st.st_uid, st.st_gid) != 0) return Error::sys(std::string("chown ") + path);
+  r->map_bytes_ = MT_INJ_HDR_BYTES + data_bytes;
+  if (ftruncate(fd.get(), static_cast<off_t>(r->map_bytes_)) != 0) return Error::sys(std::string("size ") + path);
+  void* m = mmap(nullptr, r->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (m == MAP_FAILED) return Error::sys(std::string("map ") + path);
+  r->hdr_ = static_cast<mt_inj_hdr*>(m);
+  r->data_ = static_cast<char*>(m) + MT_INJ_HDR_BYTES;
+  r->mask_ = data_bytes - 1;
+  mt_inj_hdr& h = *r->hdr_;
+  h.version = MT_INJ_VERSION;
+  h.hdr_bytes = MT_INJ_HDR_BYTES;
+  h.data_bytes = data_bytes;
+  h.pid = static_cast<uint32_t>(pid);
+  h.loader_pid = static_cast<uint32_t>(getpid());
+  h.state = MT_INJ_ATTACHED;
+  h.stack_mode = static_cast<uint32_t>(stack_mode);
+  h.heartbeat_ns = monotonic_ns();
+  __atomic_store_n(&h.magic, MT_INJ_MAGIC, __ATOMIC_RELEASE);
+  return r;
+}
+
+Ring::~Ring() {
+  unlink_name();
+  if (hdr_) munmap(hdr_, map_bytes_);
+}
+
+void Ring::unlink_name() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+  path_.clear();
+}
+
+void Ring::heartbeat() { __atomic_store_n(&hdr_->heartbeat_ns, monotonic_ns(), __ATOMIC_RELAXED); }
+
+void Ring::set_state(uint32_t s) { __atomic_store_n(&hdr_->state, s, __ATOMIC_RELEASE); }
+
+uint64_t Ring::backlog() const {
+  return __atomic_load_n(&hdr_->head, __ATOMIC_ACQUIRE) - __atomic_load_n(&hdr_->tail, __ATOMIC_RELAXED);
+}
+
+size_t Ring::drain(const std::function<void(const void*, size_t)>& fn, size_t max) {
+  uint64_t t = __atomic_load_n(&hdr_->tail, __ATOMIC_RELAXED);
+  uint64_t size = mask_ + 1;
+  size_t n = 0, since_store = 0;
+  while (n < max) {
+    uint64_t off = t & mask_;
+    uint64_t word = __atomic_load_n(reinterpret_cast<uint64_t*>(data_ + off), __ATOMIC_ACQUIRE);
+    if ((word & MT_INJ_POS_MASK) != (t & MT_INJ_POS_MASK)) break;  // not committed yet
+    uint64_t len = word >> 48;
+    if (len < MT_INJ_REC_HDR || (len & 7) || off + len > size) {
+      // Cannot happen with our agent; stop rather than read garbage.
+      malformed_++;
+      break;
+    }
+    if (!(word & MT_INJ_PAD)) {
+      fn(data_ + off + MT_INJ_REC_HDR, len - MT_INJ_REC_HDR);
+      n++;
+    }
+    t += len;
+    // Give the space back every so often, not per record (the producers
+    // read tail in every reservation).
+    if (++since_store == 256) {
+      __atomic_store_n(&hdr_->tail, t, __ATOMIC_RELEASE);
+      since_store = 0;
+    }
+  }
+  __atomic_store_n(&hdr_->tail, t, __ATOMIC_RELEASE);
+  return n;
+}
+
+Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions& o) {
+  if (access(o.agent.c_str(), R_OK) != 0) return Error::sys("agent library " + o.agent);
+  auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode);
+  if (!ring) return ring.error();
+  std::unique_ptr<Session> s(new Session());
+  s->pid_ = pid;
+  s->ring_ = std::move(*ring);
+  auto h = load_library(pid, o.agent, &s->load_, o.timeout_ms);
+  if (!h) return h.error();
+  // The constructor ran inside dlopen: the agent has said how it went.
+  const volatile mt_inj_hdr& hd = s->ring_->hdr();
+  uint32_t st = hd.agent_state;
+  if (st == MT_INJ_AGENT_NONE) {
+    // Loaded before (a second session into the same process): its
+    // constructor does not run again. Not supported yet.
+    return Error::msg("pid " + std::to_string(pid) + ": the agent did not map the ring (" + o.agent +
+                      " already loaded by an earlier --inject?)");
+  }
+  if (st == MT_INJ_AGENT_FAILED) {
+    char why[sizeof hd.agent_error + 1] = {0};
+    for (size_t i = 0; i < sizeof hd.agent_error; i++) why[i] = hd.agent_error[i];
+    return Error::msg("pid " + std::to_string(pid) + ": agent: " + why);
+  }
+  s->ring_->unlink_name();
+  return s;
+}
+
+void Session::detach() {
+  if (!ring_) return;
+  if (ring_->hdr().state == MT_INJ_DETACHED) return;
+  ring_->set_state(MT_INJ_DETACHED);
+  // A hook that passed its check before the store commits within
+  // microseconds; give it that.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+Session::~Session() { detach(); }
+
+}  // namespace memtrace::inject

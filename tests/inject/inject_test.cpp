@@ -1,0 +1,316 @@
+// --inject (issue 21): the agent loaded into a running target by ptrace, its
+// records read from the shared ring into the heap model, counts exact; the
+// target outlives the tool (detach, SIGKILL). tests/inject/inject_target.c
+// knows its own counts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "heap/heap_model.h"
+#include "inject/session.h"
+#include "test_env.h"
+#include "../loader/harness.h"
+
+using namespace memtrace;
+using namespace memtrace::testing;
+using json = nlohmann::json;
+
+namespace {
+
+std::string slurp_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Expect {
+  long allocs = -1, frees = -1, bytes = -1, leaked_blocks = -1, leaked_bytes = -1;
+};
+
+Expect parse_expect(const std::string& out) {
+  Expect e;
+  auto at = out.find("expect ");
+  if (at != std::string::npos)
+    sscanf(out.c_str() + at, "expect allocs=%ld frees=%ld bytes=%ld leaked_blocks=%ld leaked_bytes=%ld", &e.allocs,
+           &e.frees, &e.bytes, &e.leaked_blocks, &e.leaked_bytes);
+  return e;
+}
+
+pid_t ready_pid(Child& c, std::string* acc) {
+  if (!read_until(c.out, "ready ", acc) || !read_until(c.out, "\n", acc)) return -1;
+  return static_cast<pid_t>(atoi(acc->c_str() + acc->find("ready ") + 6));
+}
+
+// Exit code of pid within timeout_ms, or -1 (then it is killed).
+int exit_within(pid_t pid, int timeout_ms) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < end) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+struct Traced {
+  int code = -1;
+  std::string out;
+  heap::HeapModel model;
+  uint64_t drops = 0, records = 0;
+  uint32_t stack_used = 0, slots = 0;
+};
+
+// The target injected in this process, drained into a model until it exits.
+void trace_target(int rounds, int stack_mode, Traced& t) {
+  Child c = spawn({std::string(TARGET_DIR) + "/inject_target", std::to_string(rounds)});
+  close(c.in);
+  pid_t pid = ready_pid(c, &t.out);
+  ASSERT_EQ(pid, c.pid) << t.out;
+  inject::SessionOptions o;
+  o.agent = AGENT;
+  o.stack_mode = stack_mode;
+  o.ring_mb = 16;
+  auto s = inject::Session::start(pid, o);
+  ASSERT_TRUE(s) << s.error().message;
+  t.stack_used = (*s)->ring().hdr().stack_used;
+  t.slots = (*s)->ring().hdr().slots_hooked;
+  auto apply = [&](const void* d, size_t n) {
+    t.model.apply(d, n);
+    t.records++;
+  };
+  for (;;) {
+    (*s)->drain(apply);
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      t.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  (*s)->detach();
+  (*s)->drain(apply);
+  t.drops = (*s)->ring().hdr().drops;
+  read_until(c.out, "expect", &t.out, 2000);
+  t.out += read_all(c.out);
+}
+
+void expect_exact(const Traced& t, pid_t) {
+  Expect e = parse_expect(t.out);
+  ASSERT_GT(e.allocs, 0) << t.out;
+  ASSERT_EQ(t.model.processes().size(), 1u);
+  const heap::Process& p = *t.model.processes().begin()->second;
+  EXPECT_EQ(t.drops, 0u);
+  EXPECT_EQ(t.model.malformed_records(), 0u);
+  EXPECT_EQ(static_cast<long>(p.s.allocs), e.allocs);
+  EXPECT_EQ(static_cast<long>(p.s.frees), e.frees);
+  EXPECT_EQ(static_cast<long>(p.s.bytes_allocated), e.bytes);
+  EXPECT_EQ(static_cast<long>(p.s.in_use_blocks), e.leaked_blocks);
+  EXPECT_EQ(static_cast<long>(p.s.in_use_bytes), e.leaked_bytes);
+  EXPECT_EQ(p.s.unknown_frees, 0u);
+  EXPECT_EQ(p.s.failed_allocs, 0u);
+}
+
+}  // namespace
+
+// libunwind's unw_backtrace (the default): exact counts, stacks through main.
+TEST(Inject, RingCountsExactLibunwind) {
+  MEMTRACE_REQUIRE_ROOT();
+  Traced t;
+  trace_target(2000, MT_INJ_STACK_LIBUNWIND, t);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_EQ(t.stack_used, uint32_t{MT_INJ_STACK_LIBUNWIND});
+  EXPECT_GT(t.slots, 0u);
+  expect_exact(t, 0);
+  // Every leaked block has a stack: leak_here < one_round < main < libc's start.
+  const heap::Process& p = *t.model.processes().begin()->second;
+  for (const auto& [addr, b] : p.live) {
+    const heap::Stack* st = t.model.stack(b.stack_id);
+    ASSERT_NE(st, nullptr);
+    EXPECT_GE(st->ips.size(), 4u);
+  }
+  EXPECT_EQ(t.model.missing_stacks(), 0u);
+}
+
+// Frame pointers (the target is built with them): the same counts.
+TEST(Inject, RingCountsExactFramePointers) {
+  MEMTRACE_REQUIRE_ROOT();
+  Traced t;
+  trace_target(2000, MT_INJ_STACK_FP, t);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_EQ(t.stack_used, uint32_t{MT_INJ_STACK_FP});
+  expect_exact(t, 0);
+  const heap::Process& p = *t.model.processes().begin()->second;
+  for (const auto& [addr, b] : p.live) {
+    const heap::Stack* st = t.model.stack(b.stack_id);
+    ASSERT_NE(st, nullptr);
+    EXPECT_GE(st->ips.size(), 3u);
+  }
+}
+
+// The session ends first: the hooks call straight through, the target runs
+// more rounds with its memory intact and exits 0.
+TEST(Inject, TargetOutlivesDetach) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child c = spawn({std::string(TARGET_DIR) + "/inject_target", "500", "outlive"});
+  close(c.in);
+  std::string out;
+  pid_t pid = ready_pid(c, &out);
+  ASSERT_GT(pid, 0) << out;
+  inject::SessionOptions o;
+  o.agent = AGENT;
+  o.ring_mb = 16;
+  {
+    auto s = inject::Session::start(pid, o);
+    ASSERT_TRUE(s) << s.error().message;
+    ASSERT_TRUE(read_until(c.out, "outliving", &out)) << out;
+    (*s)->drain([](const void*, size_t) {});
+  }  // detached and unmapped here
+  ASSERT_TRUE(read_until(c.out, "done", &out, 20000)) << out;
+  EXPECT_EQ(exit_within(pid, 10000), 0) << out;
+}
+
+// The loader dies without a word (SIGKILL): its heartbeat goes stale, the
+// hooks call straight through, the target exits 0.
+TEST(Inject, TargetOutlivesSigkilledLoader) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child c = spawn({std::string(TARGET_DIR) + "/inject_target", "500", "outlive"});
+  close(c.in);
+  std::string out;
+  pid_t pid = ready_pid(c, &out);
+  ASSERT_GT(pid, 0) << out;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t loader = fork();
+  if (loader == 0) {  // the loader: injects, drains, never detaches
+    inject::SessionOptions o;
+    o.agent = AGENT;
+    o.ring_mb = 16;
+    auto s = inject::Session::start(pid, o);
+    if (!s) _exit(1);
+    if (write(ready[1], "k", 1) != 1) _exit(1);
+    for (;;) {
+      (*s)->drain([](const void*, size_t) {});
+      usleep(2000);
+    }
+  }
+  close(ready[1]);
+  char k = 0;
+  ASSERT_EQ(read(ready[0], &k, 1), 1) << "the loader could not inject";
+  close(ready[0]);
+  ASSERT_TRUE(read_until(c.out, "outliving", &out)) << out;
+  kill(loader, SIGKILL);
+  waitpid(loader, nullptr, 0);
+  ASSERT_TRUE(read_until(c.out, "done", &out, 30000)) << out;
+  EXPECT_EQ(exit_within(pid, 10000), 0) << out;
+}
+
+// dlopen is found in a process's libc through src/elf and src/procfs.
+TEST(Inject, FindsDlopenInLibc) {
+  MEMTRACE_REQUIRE_ROOT();
+  auto r = inject::libc_function(getpid(), "dlopen");
+  // This test binary is dynamic: its own libc is found.
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_NE(*r, 0u);
+}
+
+// memtrace-bpf --inject -p PID: the agent's records in the same heap model
+// and report as the BPF path's (BPF keeps mmap/brk and the exit): counts
+// exact, the leak named by its stack, nothing dropped; the process exits 0.
+TEST(Inject, CliReportExact) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child t = spawn({std::string(TARGET_DIR) + "/inject_target", "2000"});
+  close(t.in);
+  std::string tout;
+  pid_t pid = ready_pid(t, &tout);
+  ASSERT_EQ(pid, t.pid) << tout;
+  std::string rep = tmpfile("inject");
+  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-p", std::to_string(pid)});
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  ASSERT_TRUE(read_until(t.out, "expect", &tout)) << tout;
+  ASSERT_TRUE(read_until(t.out, "\n", &tout)) << tout;
+  EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout;
+  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;  // the tool ends when its process does
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_proc(j, pid);
+  ASSERT_TRUE(p) << j.dump() << merr;
+  Expect e = parse_expect(tout);
+  EXPECT_EQ(u(*p, "allocs"), e.allocs);
+  EXPECT_EQ(u(*p, "frees"), e.frees);
+  EXPECT_EQ(u(*p, "bytes_allocated"), e.bytes);
+  EXPECT_EQ(u(*p, "in_use_blocks"), e.leaked_blocks);
+  EXPECT_EQ(u(*p, "in_use_bytes"), e.leaked_bytes);
+  EXPECT_EQ((*p)["exit_code"], 0);
+  for (const char* k : {"inject_ring_full", "inject_malformed", "stack_record_missing", "malformed"})
+    EXPECT_EQ(j["dropped"][k].get<long>(), 0) << k << " in " << j["dropped"].dump();
+  // The leak, by its stack: leak_here < one_round < main.
+  const json* leak = nullptr;
+  for (const auto& l : (*p)["leaks"])
+    if (l["bytes"] == e.leaked_bytes && l["blocks"] == e.leaked_blocks) leak = &l;
+  ASSERT_TRUE(leak) << (*p)["leaks"].dump();
+  ASSERT_GE((*leak)["stack"].size(), 3u) << leak->dump();
+  EXPECT_EQ((*leak)["stack"][0]["function"], "leak_here") << leak->dump();
+  EXPECT_EQ((*leak)["stack"][1]["function"], "one_round") << leak->dump();
+  EXPECT_EQ((*leak)["stack"][2]["function"], "main") << leak->dump();
+}
+
+// A process that is not there, or not a -p one: one line, exit 2.
+TEST(Inject, CliRefusesWithoutPid) {
+  MEMTRACE_REQUIRE_ROOT();
+  ToolRun r = run_argv({MEMTRACE_BIN, "--inject", "--", "/bin/true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--inject works on running processes"), std::string::npos) << r.err;
+}
+
+// The tool ends first (--duration, then SIGKILL): the target runs on, its
+// hooks calling straight through, and exits 0.
+void cli_outlive(bool sigkill) {
+  Child t = spawn({std::string(TARGET_DIR) + "/inject_target", "500", "outlive"});
+  close(t.in);
+  std::string tout;
+  pid_t pid = ready_pid(t, &tout);
+  ASSERT_EQ(pid, t.pid) << tout;
+  std::string rep = tmpfile("outlive");
+  std::vector<std::string> argv = {MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-p", std::to_string(pid)};
+  if (!sigkill) argv.insert(argv.end(), {"--duration", "1"});
+  Child m = spawn(argv);
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  ASSERT_TRUE(read_until(t.out, "outliving", &tout)) << tout;
+  if (sigkill) kill(m.pid, SIGKILL);
+  int tool_code = exit_within(m.pid, 30000);
+  EXPECT_EQ(tool_code, sigkill ? 128 + SIGKILL : 0) << merr;
+  ASSERT_TRUE(read_until(t.out, "done", &tout, 30000)) << tout;
+  EXPECT_EQ(exit_within(t.pid, 10000), 0) << tout;
+  if (!sigkill) {  // what it saw is in its report: the first 500 rounds exactly
+    json j = json::parse(slurp_file(rep), nullptr, false);
+    const json* p = find_proc(j, pid);
+    ASSERT_TRUE(p) << j.dump();
+    Expect e = parse_expect(tout);
+    EXPECT_EQ(u(*p, "allocs"), e.allocs);
+    EXPECT_EQ(u(*p, "frees"), e.frees);
+  }
+  unlink(rep.c_str());
+}
+
+TEST(Inject, CliTargetOutlivesTheTool) {
+  MEMTRACE_REQUIRE_ROOT();
+  cli_outlive(false);
+}
+
+TEST(Inject, CliTargetOutlivesSigkilledTool) {
+  MEMTRACE_REQUIRE_ROOT();
+  cli_outlive(true);
+}
