@@ -250,6 +250,7 @@ std::unique_ptr<Features> Features::create(const FeatureOptions& o, FeatureConte
                            {"system_wide", f->c_.system_wide},
                            {"include_idle", f->c_.include_idle},
                            {"command", f->c_.command},
+                           {"max_images", f->c_.max_images},
                            {"start_time", time(nullptr)},
                            {"start_mono_ns", monotonic_ns()}};
     auto r = Recorder::open(o.record, meta);

@@ -67,6 +67,7 @@ struct FeatureContext {
   bool system_wide = false;
   bool include_idle = true;
   std::vector<std::string> command;            // launch mode (recorded in the header)
+  size_t max_images = 256;                     // --max-images (recorded: replay merges as the trace did)
 };
 
 class Recorder;

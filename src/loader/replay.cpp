@@ -66,13 +66,19 @@ class ReplayResolver {
   }
 
   std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc, bool ret) {
-    if (loc) return location_frames(sym_, *loc, addr, ret);  // replay seals nothing: not reached
+    if (loc) return location_frames(sym_, *loc, addr, ret);
     auto it = spaces_.find(p.pid);
     return resolve_frames(sym_, it == spaces_.end() ? nullptr : it->second.get(), addr, ret,
                           "process mappings not in the recording");
   }
   report::Resolver fn() {
     return [this](const heap::Process& p, uint64_t a, const heap::Loc* l, bool r) { return resolve(p, a, l, r); };
+  }
+  heap::Locator locator() {
+    return [this](const heap::Process& p) {
+      auto it = spaces_.find(p.pid);
+      return image_map(sym_, it == spaces_.end() ? nullptr : it->second.get());
+    };
   }
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -162,7 +168,15 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
   nlohmann::json meta, end;
   bool system_wide = false;
   uint64_t last_ts = 0;
-  auto on_meta = [&](const nlohmann::json& m) { system_wide = m.value("system_wide", false); };
+  std::vector<pid_t> exit_order;
+  // Ended images sealed and merged past the cap as the tracer did (at the
+  // end: an exit in the recording may precede its process's last records,
+  // which the tracer ordered by the events ring's position).
+  model.set_locator(res.locator(), o.live);
+  auto on_meta = [&](const nlohmann::json& m) {
+    system_wide = m.value("system_wide", false);
+    model.set_image_cap(m.value("max_images", size_t{256}));
+  };
   // read_recording checked each record's size, kinds and JSON fields.
   auto rf = read_recording(in, on_meta, [&](const Record& r) {
     const std::vector<char>& p = r.payload;
@@ -188,7 +202,10 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
           res.inherit(e.ppid, pid);
           model.process(pid).comm = comm;
         } else if (e.h.kind == MT_EV_EXIT) {
-          if (e.exit_code >= 0 && (model.find(pid) || system_wide)) model.on_exit(pid, e.exit_code);
+          if (e.exit_code >= 0 && (model.find(pid) || system_wide)) {
+            model.on_exit(pid, e.exit_code);
+            exit_order.push_back(pid);
+          }
         }
         break;
       }
@@ -219,6 +236,17 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
       }
     }
   }
+  // Every process that exited ends its image, as in the tracer's final
+  // report, except those the end record lists (the tracer kept them current:
+  // the launched program, its waitpid status the report's). A recording cut
+  // short keeps them all (which ones the tracer kept is not known).
+  if (end.is_object()) {
+    std::set<pid_t> kept;
+    for (const auto& jp : end.value("processes", nlohmann::json::array())) kept.insert(jp["pid"].get<pid_t>());
+    for (pid_t pid : exit_order)  // in the order they exited: merging takes the oldest first, as live
+      if (!kept.count(pid)) model.retire(pid, !system_wide);  // (false: the pid's later process lives on)
+  }
+  model.finish_seals();
   report::Drops d;
   if (end.is_object()) {
     for (auto& [k, v] : end["dropped"].items()) d.dropped[k] = v.get<uint64_t>();

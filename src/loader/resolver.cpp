@@ -112,14 +112,16 @@ const SpaceNode* Resolver::node_of(const heap::Process& p) const {
   return best->node.get();
 }
 
-heap::ImageMap Resolver::map_of(const heap::Process& p) {
+heap::ImageMap Resolver::map_of(const heap::Process& p) { return image_map(sym_, node_of(p)); }
+
+heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
   heap::ImageMap m;
-  m.unknown = sym_.unmapped_module();
+  m.unknown = sym.unmapped_module();
   int hops = 0;
-  for (const SpaceNode* n = node_of(p); n && hops < 16; n = n->parent.get(), hops++) {
+  for (const SpaceNode* n = node; n && hops < 16; n = n->parent.get(), hops++) {
     // An ancestor's ranges only where the nearer spaces have none.
     std::vector<heap::ImageRange> add;
-    for (const auto& r : sym_.location_ranges(n->as)) {
+    for (const auto& r : sym.location_ranges(n->as)) {
       uint64_t lo = r.start;
       auto it = std::upper_bound(m.ranges.begin(), m.ranges.end(), lo,
                                  [](uint64_t a, const heap::ImageRange& x) { return a < x.start; });

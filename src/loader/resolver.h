@@ -30,6 +30,9 @@ using AddressSpaces = std::map<pid_t, std::shared_ptr<SpaceNode>>;
 // space is known (node null).
 std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr,
                                              bool return_address, const char* missing);
+// Where the code of node's address space lies (its own mappings first, then
+// its ancestors' in the gaps): what the heap model seals an image's stacks by.
+heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node);
 // Frames of a sealed stack's location (addr: where it was, for show).
 std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
                                               bool return_address);

@@ -1242,6 +1242,7 @@ int Tracer::run() {
     fc.system_wide = system_wide_;
     fc.include_idle = !system_wide_;
     fc.command = o_.command;
+    fc.max_images = o_.max_images;
     std::string err;
     feat_ = Features::create(o_.features, std::move(fc), &err);
     if (!feat_) {

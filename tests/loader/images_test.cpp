@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 
 #include "harness.h"
 #include "test_env.h"
@@ -47,7 +48,8 @@ TEST(EndedImagesTraced, ManyRunsOfOneProgramAreMergedAndTheSumsStayExact) {
   std::string loop = "i=0; while [ $i -lt " + std::to_string(runs) + " ]; do " + target("alloc_rounds") +
                      " --rounds 1 >/dev/null; i=$((i+1)); done; " + target("alloc_rounds") + " --rounds " +
                      std::to_string(last);
-  ToolRun r = run_tool({"--max-images", "4", "--", "/bin/sh", "-c", loop});
+  std::string rec = "/tmp/memtrace-test-" + std::to_string(getpid()) + "-images.mtr";
+  ToolRun r = run_tool({"--max-images", "4", "--record", rec, "--", "/bin/sh", "-c", loop});
   ASSERT_EQ(r.code, 0) << r.err;
   PerRound per = parse_per_round(r.out);
   ASSERT_GT(per.allocs, 0) << r.out;
@@ -95,4 +97,25 @@ TEST(EndedImagesTraced, ManyRunsOfOneProgramAreMergedAndTheSumsStayExact) {
   EXPECT_EQ(r.report["stats"]["model_merged_images"].get<long>(), n - 4);
   EXPECT_GT(r.report["stats"]["model_sealed_stacks"].get<long>(), 0);
   for (const auto& [k, v] : r.report["dropped"].items()) EXPECT_EQ(v, 0) << k;
+
+  // The recording replays to the same entries: sealed and merged at the
+  // end as the trace did (the cap is in the recording's header).
+  std::string rj = tmpfile("replay");
+  ToolRun rp = run_argv({tool(), "replay", rec, "--format", "json", "-o", rj});
+  unlink(rec.c_str());
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  std::ifstream f(rj);
+  json replayed = json::parse(f, nullptr, false);
+  unlink(rj.c_str());
+  ASSERT_TRUE(replayed.is_object());
+  auto entries = [](const json& rep) {
+    std::map<std::string, json> m;  // "merged" or the pid: the counts
+    for (const auto& p : rep["processes"])
+      if (p["comm"] == "alloc_rounds")
+        m[p["ended"] == "merged" ? std::string("merged") : std::to_string(p["pid"].get<long>())] = {
+            p["summary"], p.value("merged", json()), has_leak_here(p)};
+    return m;
+  };
+  EXPECT_EQ(entries(replayed).size(), 5u);
+  EXPECT_EQ(entries(replayed), entries(r.report));
 }
