@@ -484,11 +484,19 @@ static void write_slot(const struct dl_phdr_info* info, uintptr_t slot, const vo
   if (ro) mprotect((void*)pg, (size_t)page, PROT_READ);
 }
 
+#if defined(__aarch64__)
+#define MT_R_JUMP_SLOT R_AARCH64_JUMP_SLOT
+#define MT_R_GLOB_DAT R_AARCH64_GLOB_DAT
+#else
+#define MT_R_JUMP_SLOT R_X86_64_JUMP_SLOT
+#define MT_R_GLOB_DAT R_X86_64_GLOB_DAT
+#endif
+
 static void rewrite_relocs(const struct dl_phdr_info* info, const ElfW(Rela) * rel, size_t bytes,
                            const ElfW(Sym) * symtab, const char* strtab, uint32_t* slots) {
   for (size_t i = 0; i < bytes / sizeof(ElfW(Rela)); i++) {
     uint32_t type = ELF64_R_TYPE(rel[i].r_info), sym = ELF64_R_SYM(rel[i].r_info);
-    if ((type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) || sym == 0) continue;
+    if ((type != MT_R_JUMP_SLOT && type != MT_R_GLOB_DAT) || sym == 0) continue;
     const void* fn = hook_for(strtab + symtab[sym].st_name);
     if (!fn) continue;
     write_slot(info, info->dlpi_addr + rel[i].r_offset, fn);

@@ -126,6 +126,11 @@ Result<void> mem_io(int fd, uint64_t addr, void* buf, size_t len, bool write) {
 // Calls fn(arg0, arg1) on thread tid (stopped) and returns its rax. Memory
 // [rsp - 256 - len(str) - 24, rsp) and every register are put back.
 // str, when given, is copied below the red zone and passed as arg0.
+#if !defined(__x86_64__)
+Result<uint64_t> remote_call(StoppedProcess&, pid_t, int, uint64_t, const std::string*, uint64_t, uint64_t, int) {
+  return Error::msg("not supported on this architecture yet: --inject (the remote call is x86-64 only)");
+}
+#else
 Result<uint64_t> remote_call(StoppedProcess& sp, pid_t tid, int mem, uint64_t fn, const std::string* str,
                              uint64_t arg0, uint64_t arg1, int timeout_ms) {
   user_regs_struct saved{};
@@ -203,6 +208,7 @@ Result<uint64_t> remote_call(StoppedProcess& sp, pid_t tid, int mem, uint64_t fn
     ptrace(PTRACE_CONT, tid, nullptr, nullptr);
   }
 }
+#endif
 
 uint64_t micros_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
