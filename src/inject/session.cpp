@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fd.h"
+#include "common/self_path.h"
 
 namespace memtrace::inject {
 namespace {
@@ -26,15 +27,7 @@ uint64_t monotonic_ns() {
 
 std::string agent_path() {
   if (const char* e = getenv("MEMTRACE_AGENT"); e && *e) return e;
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  std::string dir = ".";
-  if (n > 0) {
-    self[n] = 0;
-    dir = std::string(self);
-    dir = dir.substr(0, dir.rfind('/'));
-  }
-  return dir + "/libmemtrace_agent.so";
+  return self_dir() + "libmemtrace_agent.so";
 }
 
 Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode) {

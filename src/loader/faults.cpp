@@ -1,4 +1,5 @@
 #include "common/hex.h"
+#include "common/self_path.h"
 #include "loader/faults.h"
 
 #include <fcntl.h>
@@ -200,17 +201,10 @@ Result<void> check_mapped(pid_t pid, const AddrRange& r) {
 }
 
 std::string singlestep_helper_path() {
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  std::string dir = ".";
-  if (n > 0) {
-    self[n] = 0;
-    dir = std::string(self);
-    dir = dir.substr(0, dir.rfind('/'));
-  }
-  std::string helper = dir + "/memtrace-singlestep";
+  std::string dir = self_dir();
+  std::string helper = dir + "memtrace-singlestep";
   if (access(helper.c_str(), X_OK) == 0) return helper;
-  std::string alt = dir + "/../singlestep-helper/memtrace-singlestep";
+  std::string alt = dir + "../singlestep-helper/memtrace-singlestep";
   if (access(alt.c_str(), X_OK) == 0) return alt;
   return helper;
 }

@@ -1,4 +1,5 @@
 #include "symbolize/debuginfod.h"
+#include "common/self_path.h"
 
 #include <elfutils/debuginfod.h>
 #include <fcntl.h>
@@ -64,13 +65,7 @@ void Debuginfod::warn(const std::string& msg) { s_.log(msg); }
 
 std::string Debuginfod::helper_path() const {
   if (!s_.helper.empty()) return s_.helper;
-  char self[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n > 0) {
-    std::string p(self, static_cast<size_t>(n));
-    p = p.substr(0, p.rfind('/') + 1) + "memtrace-debuginfod";
-    if (::access(p.c_str(), X_OK) == 0) return p;
-  }
+  if (std::string p = self_dir() + "memtrace-debuginfod"; ::access(p.c_str(), X_OK) == 0) return p;
 #ifdef MEMTRACE_DEBUGINFOD_BUILD_PATH
   if (::access(MEMTRACE_DEBUGINFOD_BUILD_PATH, X_OK) == 0) return MEMTRACE_DEBUGINFOD_BUILD_PATH;
 #endif
