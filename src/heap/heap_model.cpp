@@ -69,7 +69,7 @@ void HeapModel::apply(const void* data, size_t len) {
     if (stacks_.count(id)) return;
     Stack st;
     st.ips.resize(nr);
-    memcpy(st.ips.data(), p + MT_STACK_HDR_BYTES, size_t{nr} * sizeof(uint64_t));
+    if (nr) memcpy(st.ips.data(), p + MT_STACK_HDR_BYTES, size_t{nr} * sizeof(uint64_t));  // (no frames: data() may be null)
     st.truncated = h.flags & MT_F_STACK_TRUNCATED;
     stacks_.emplace(id, std::move(st));
     return;
