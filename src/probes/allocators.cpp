@@ -31,6 +31,7 @@ Needs needs_for(Role r) {
   }
   n.reads_rsp = true;
   n.reads_rbp = r != Role::kAlignedNew;  // no stack taken there
+  n.return_probe = has_return_probe(r);
   return n;
 }
 
@@ -81,8 +82,17 @@ Family detect_family(const elf::ElfFile& elf) {
   return Family::kNone;
 }
 
-std::vector<uint64_t> incoming_branch_targets(const elf::ElfFile& elf, uint64_t vaddr, uint64_t len) {
+std::vector<uint64_t> incoming_branch_targets(const elf::ElfFile& elf, uint64_t vaddr, uint64_t len, Isa isa) {
   std::vector<uint64_t> out;
+  if (isa == Isa::kArm64) {  // b, bl, b.cond, cbz/cbnz, tbz/tbnz: every aligned word of the code
+    for (const auto& seg : elf.segments()) {
+      if (!(seg.flags & PF_X) || seg.filesz < 4) continue;
+      for (uint64_t t : arm64_branch_targets(elf.read_vaddr(seg.vaddr, seg.filesz), seg.vaddr, vaddr + 1,
+                                             vaddr + len + 1))
+        out.push_back(t - vaddr);
+    }
+    return out;
+  }
   for (const auto& seg : elf.segments()) {
     if (!(seg.flags & PF_X) || seg.filesz < 5) continue;
     std::vector<uint8_t> b = elf.read_vaddr(seg.vaddr, seg.filesz);
@@ -105,18 +115,19 @@ std::vector<uint64_t> incoming_branch_targets(const elf::ElfFile& elf, uint64_t 
 }
 
 Placement place_function(const elf::ElfFile& elf, const elf::Symbol& sym, const Needs& needs,
-                         const KernelCaps& caps, bool scan_object) {
+                         const KernelCaps& caps, bool scan_object, Isa isa) {
   const uint64_t kMax = 64 * 1024;
   uint64_t len = sym.size ? std::min<uint64_t>(sym.size, kMax) : 64;
   PlaceOptions o;
   o.caps = caps;
+  o.isa = isa;
   o.whole_function = sym.size != 0 && sym.size <= kMax;
   std::vector<uint8_t> code = elf.read_vaddr(sym.vaddr, len);
   // First pass tells how long the entry path is; only then scan the object
   // for branches into it (the scan is the slow part).
   Placement p = choose_entry_offset(code, sym.vaddr, needs, o);
   if (scan_object && p.offset > 0) {
-    o.incoming_targets = incoming_branch_targets(elf, sym.vaddr, p.offset);
+    o.incoming_targets = incoming_branch_targets(elf, sym.vaddr, p.offset, isa);
     if (!o.incoming_targets.empty()) {
       p = choose_entry_offset(code, sym.vaddr, needs, o);
     } else {
@@ -153,6 +164,7 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
       it->second.arg_mask |= n.arg_mask;
       it->second.reads_rsp |= n.reads_rsp;
       it->second.reads_rbp |= n.reads_rbp;
+      it->second.return_probe |= n.return_probe;
     }
   }
   std::map<uint64_t, std::string> first_at;
@@ -169,7 +181,7 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
       for (const auto& prev : a.symbols)
         if (prev.vaddr == s.vaddr) as.placement = prev.placement;
     } else {
-      as.placement = place_function(elf, s, needs_at[s.vaddr], opts.caps, opts.scan_object);
+      as.placement = place_function(elf, s, needs_at[s.vaddr], opts.caps, opts.scan_object, opts.isa);
     }
     a.symbols.push_back(std::move(as));
   }
@@ -214,7 +226,7 @@ std::optional<Allocator> find_cxx_aligned_new(const elf::ElfFile& elf, const Det
       for (const auto& prev : a.symbols)
         if (prev.vaddr == s->vaddr) as.placement = prev.placement;
     } else {
-      as.placement = place_function(elf, *s, needs_for(Role::kAlignedNew), opts.caps, opts.scan_object);
+      as.placement = place_function(elf, *s, needs_for(Role::kAlignedNew), opts.caps, opts.scan_object, opts.isa);
     }
     a.symbols.push_back(std::move(as));
   }

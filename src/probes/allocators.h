@@ -70,6 +70,7 @@ struct DetectOptions {
   // Check the whole object for rel32 branches into each chosen entry path
   // (conservative; a few ms for libc).
   bool scan_object = true;
+  Isa isa = kHostIsa;  // of the object's code (tests: arm64 libc on an x86-64 host)
 };
 
 // The allocator family of an object from its symbol table:
@@ -103,13 +104,16 @@ std::optional<Allocator> find_cxx_aligned_new(const elf::ElfFile& elf, const Det
 
 // Offsets (from entry) in [1, len] of the function at vaddr that some rel32
 // jmp/call/jcc anywhere in the object's executable segments targets (byte
-// pattern scan: may over-report, never under-reports rel32 branches).
-std::vector<uint64_t> incoming_branch_targets(const elf::ElfFile& elf, uint64_t vaddr, uint64_t len);
+// pattern scan: may over-report, never under-reports rel32 branches). arm64:
+// the direct branches (b, bl, b.cond, cbz/cbnz, tbz/tbnz) of every aligned word.
+std::vector<uint64_t> incoming_branch_targets(const elf::ElfFile& elf, uint64_t vaddr, uint64_t len,
+                                              Isa isa = kHostIsa);
 
 // Placement for one function symbol: reads the whole function (size, at most
 // 64 KiB) and optionally scans the object for branches into its entry path.
 Placement place_function(const elf::ElfFile& elf, const elf::Symbol& sym, const Needs& needs,
-                         const KernelCaps& caps = KernelCaps::running(), bool scan_object = true);
+                         const KernelCaps& caps = KernelCaps::running(), bool scan_object = true,
+                         Isa isa = kHostIsa);
 
 // --explain-probes block for an object: one line per role.
 std::string explain(const Allocator& a, const std::string& object_path);

@@ -242,6 +242,7 @@ KernelCaps KernelCaps::for_version(int major, int minor) {
   c.push = at_least(4, 15);
   c.nop_prefixed = at_least(6, 2);
   c.nop_x86_nops = at_least(6, 16);
+  c.arm64_nop = at_least(6, 13);
   return c;
 }
 
@@ -322,41 +323,9 @@ Placement choose_entry_offset(const std::vector<uint8_t>& code, uint64_t addr, c
   return choose_entry_offset(code, addr, needs, PlaceOptions{});
 }
 
-#if defined(__aarch64__)
-namespace {
-// The instruction at the entry, for --explain-probes (capstone's arm64 mode).
-std::string arm64_text(const std::vector<uint8_t>& code, uint64_t addr) {
-  csh h = 0;
-  std::string s = "(undecodable)";
-  if (code.size() < 4 || cs_open(CS_ARCH_ARM64, CS_MODE_ARM, &h) != CS_ERR_OK) return s;
-  cs_insn* in = nullptr;
-  if (cs_disasm(h, code.data(), 4, addr, 1, &in) == 1) {
-    s = in->mnemonic;
-    if (in->op_str[0]) s += std::string(" ") + in->op_str;
-    cs_free(in, 1);
-  }
-  cs_close(&h);
-  return s;
-}
-}  // namespace
-#endif
-
 Placement choose_entry_offset(const std::vector<uint8_t>& code, uint64_t addr, const Needs& needs,
                               const PlaceOptions& opts) {
-#if defined(__aarch64__)
-  // The arm64 analysis (which instructions arch/arm64/kernel/probes/decode-insn.c
-  // simulates, bti/paciasp at the entry) is not written yet: every probe goes
-  // at the function's entry, where the return address is in x30. Correct,
-  // only slower where the kernel steps the instruction out of line.
-  (void)needs;
-  (void)opts;
-  Placement z;
-  z.offset = 0;
-  z.rsp_adjust = 0;
-  z.insn = arm64_text(code, addr);
-  z.reason = "not supported on aarch64 yet: probe placement analysis (probe at the entry, not analyzed)";
-  return z;
-#endif
+  if (opts.isa == Isa::kArm64) return choose_entry_offset_arm64(code, addr, needs, opts);
   Placement p;
   uint32_t forbidden = 0;  // GPR families the prefix must not write
   for (int a = 0; a < 6; a++)
@@ -500,11 +469,11 @@ Placement choose_entry_offset(const std::vector<uint8_t>& code, uint64_t addr, c
 
 std::string describe(const Placement& p) {
   std::string s = plus(p.offset) + " " + p.insn + ": " + (p.emulated ? "emulated" : "NOT emulated (single-step or refused)");
-#if defined(__aarch64__)
-  s += "; return address in x30";
-#else
-  s += "; return address at [rsp+" + std::to_string(p.rsp_adjust) + "]";
-#endif
+  if (p.arm64)
+    s += "; return address in x30" +
+         (p.rsp_adjust ? ", caller's sp at [sp+" + std::to_string(p.rsp_adjust) + "]" : std::string());
+  else
+    s += "; return address at [rsp+" + std::to_string(p.rsp_adjust) + "]";
   s += "; " + p.reason;
   return s;
 }
