@@ -19,8 +19,8 @@
 //   lock prefixes, and opcodes outside good_insns_64/good_2byte_insns, are refused.
 //
 // What the arm64 kernel simulates (arch/arm64/kernel/probes/uprobes.c
-// arch_uprobe_analyze_insn -> decode-insn.c arm_probe_decode_insn; the same
-// code in 5.10, 6.1 and 6.12 but for the literal loads): probe_placement_arm64.cpp.
+// arch_uprobe_analyze_insn -> decode-insn.c arm_probe_decode_insn; measured
+// on 6.1 and 6.12): probe_placement_arm64.cpp.
 #pragma once
 #include <cstddef>
 #include <cstdint>

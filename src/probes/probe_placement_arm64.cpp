@@ -11,9 +11,11 @@
 //         cbz/cbnz, tbz/tbnz, br/blr/ret and their pointer-authenticated
 //         forms), msr, exceptions (svc, brk, ...), eret; mrs of DAIF; hints
 //         off the kernel's list. The list (aarch64_insn_is_steppable_hint, the
-//         same in 5.10, 6.1 and 6.12): nop, xpaclri, pacia1716, pacib1716,
+//         same in 6.1 and 6.12): nop, xpaclri, pacia1716, pacib1716,
 //         paciaz, paciasp, pacibz, pacibsp, bti, bti c, bti j, bti jc. The
-//         aut* hints (autiasp, ...) came off it in 5.10 (they may fault).
+//         aut* hints (autiasp, ...) were on it from 5.8 until "arm64: kprobe:
+//         disable probe of ptrauth instruction" (2020: they may fault);
+//         refused on 6.1 and 6.12 (tests/probes/arm64/uprobe_cost.py).
 //       - literal loads (ldr/ldrsw/prfm literal) and adr/adrp (PC-relative),
 //       - exclusives (ldxr/stxr/ldaxr/stlxr/ldxp/stxp/casp: the monitor is
 //         cleared by the trap, the store-exclusive would fail forever).
@@ -92,7 +94,7 @@ constexpr uint32_t kSysregDaif = 0xDA11;  // AARCH64_INSN_SPCLREG_DAIF (op0 3, o
 struct HintName {
   uint32_t v;
   const char* name;
-  bool steppable;  // aarch64_insn_is_steppable_hint (5.10 .. 6.12)
+  bool steppable;  // aarch64_insn_is_steppable_hint (6.1, 6.12)
   bool writes_lr;  // signs/authenticates/strips x30 in place
 };
 const HintName kHints[] = {
