@@ -21,14 +21,23 @@
  * bits are tail's (stale bytes of the last lap carry an older position), so
  * nothing is ever zeroed. A full ring makes the writer wait while the
  * loader's heartbeat is fresh (full_waits); a record is dropped (drops) only
- * when the loader is gone or detached. */
+ * when the loader is gone or detached.
+ *
+ * Compact records (version 2): the agent writes the common calls as
+ * struct mt_inj_rec, not as a 64-byte mt_event: a free is 24 bytes after
+ * the record word (32 in all, against 72), an allocation 40, a realloc's
+ * new block 48; the body's length says which fields are there. The first
+ * u32 has MT_INJ_COMPACT set (an mt_event's or mt_stack's is an enum
+ * mt_kind, small), and the loader expands each into the mt_event the heap
+ * model takes. ts is the TSC when ts_mode is MT_INJ_TS_TSC (the loader
+ * converts it to CLOCK_MONOTONIC ns, calibrated at every drain), else ns. */
 #ifndef MEMTRACE_INJECT_RING_H
 #define MEMTRACE_INJECT_RING_H
 
 #include <stdint.h>
 
 #define MT_INJ_MAGIC 0x314a4e4945544d4dull /* "MMTEINJ1" */
-#define MT_INJ_VERSION 1
+#define MT_INJ_VERSION 2
 #define MT_INJ_PATH_FMT "/dev/shm/memtrace-inject.%d"
 #define MT_INJ_HDR_BYTES 4096 /* the data area starts one page in */
 #define MT_INJ_POS_MASK ((1ull << 47) - 1)
@@ -56,6 +65,28 @@ enum mt_inj_stack_mode {
 	MT_INJ_STACK_LIBUNWIND = 2, /* libunwind's unw_backtrace (.eh_frame), FP if libunwind.so.8 is missing */
 };
 
+/* ts_mode: written by the loader before the agent loads. */
+enum mt_inj_ts_mode {
+	MT_INJ_TS_NS = 0,  /* clock_gettime(CLOCK_MONOTONIC) */
+	MT_INJ_TS_TSC = 1, /* rdtsc: the kernel's clocksource is the TSC (constant, synchronized) */
+};
+
+/* struct mt_inj_rec.w: MT_INJ_COMPACT | flags << 16 | role << 8 | kind
+ * (enum mt_kind; flags: MT_F_STACK_TRUNCATED, MT_F_NO_STACK). */
+#define MT_INJ_COMPACT 0x80000000u
+#define MT_INJ_REC_FREE_BYTES 24    /* w, tid, ts, addr */
+#define MT_INJ_REC_ALLOC_BYTES 40   /* + size, stack_id */
+#define MT_INJ_REC_REALLOC_BYTES 48 /* + old_addr */
+struct mt_inj_rec {
+	uint32_t w;
+	uint32_t tid;
+	uint64_t ts;
+	uint64_t addr;
+	uint64_t size;
+	uint64_t stack_id;
+	uint64_t old_addr;
+};
+
 /* The loader refreshes heartbeat_ns (CLOCK_MONOTONIC) at every drain; a
  * producer that finds it older than this stops writing for good: the
  * loader died without saying so (SIGKILL, OOM). Checked every
@@ -73,6 +104,8 @@ struct mt_inj_hdr {
 	uint32_t state;      /* enum mt_inj_state */
 	uint32_t stack_mode; /* enum mt_inj_stack_mode */
 	uint64_t heartbeat_ns;
+	uint32_t ts_mode;      /* enum mt_inj_ts_mode */
+	uint32_t pad2;
 	/* Written by the agent. */
 	uint32_t agent_state;  /* enum mt_inj_agent_state */
 	uint32_t stack_used;   /* the enum mt_inj_stack_mode it uses */
@@ -82,7 +115,7 @@ struct mt_inj_hdr {
 	uint64_t full_waits;   /* 50 us naps of a writer that found the ring full (the loader's drain was behind) */
 	uint64_t stack_table_full; /* stacks sent again and again: the agent's table of sent stacks is full */
 	char agent_error[128];
-	uint64_t pad0[3];
+	uint64_t pad0[2];
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */

@@ -13,6 +13,7 @@
 
 #include "common/fd.h"
 #include "common/self_path.h"
+#include "memtrace.h"
 
 namespace memtrace::inject {
 namespace {
@@ -21,6 +22,41 @@ uint64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+// Whether records may carry the TSC: the kernel keeps CLOCK_MONOTONIC by it
+// (it chose it as its clocksource: constant, synchronized across CPUs).
+bool tsc_is_clock() {
+#if defined(__x86_64__)
+  Fd fd(open("/sys/devices/system/clocksource/clocksource0/current_clocksource", O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  char buf[32] = {0};
+  ssize_t n = read(fd.get(), buf, sizeof buf - 1);
+  return n >= 3 && strncmp(buf, "tsc", 3) == 0 && (n == 3 || buf[3] == '\n');
+#else
+  return false;
+#endif
+}
+
+// The TSC and CLOCK_MONOTONIC at (nearly) the same instant: the pair whose
+// two TSC reads are closest, of a few tries.
+void tsc_and_ns(uint64_t* tsc, uint64_t* ns) {
+#if defined(__x86_64__)
+  uint64_t best = UINT64_MAX;
+  for (int i = 0; i < 5; i++) {
+    uint64_t a = __builtin_ia32_rdtsc();
+    uint64_t n = monotonic_ns();
+    uint64_t b = __builtin_ia32_rdtsc();
+    if (b - a < best) {
+      best = b - a;
+      *tsc = a + (b - a) / 2;
+      *ns = n;
+    }
+  }
+#else
+  *tsc = 0;
+  *ns = monotonic_ns();
+#endif
 }
 
 }  // namespace
@@ -61,6 +97,14 @@ Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int sta
   h.state = MT_INJ_ATTACHED;
   h.stack_mode = static_cast<uint32_t>(stack_mode);
   h.heartbeat_ns = monotonic_ns();
+  if (tsc_is_clock()) {
+    // A first rate over ~2 ms; every drain refines it.
+    r->tsc_ = true;
+    tsc_and_ns(&r->tsc0_, &r->ns0_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    r->calibrate();
+    h.ts_mode = MT_INJ_TS_TSC;
+  }
   __atomic_store_n(&h.magic, MT_INJ_MAGIC, __ATOMIC_RELEASE);
   return r;
 }
@@ -83,10 +127,25 @@ uint64_t Ring::backlog() const {
   return __atomic_load_n(&hdr_->head, __ATOMIC_ACQUIRE) - __atomic_load_n(&hdr_->tail, __ATOMIC_RELAXED);
 }
 
+void Ring::calibrate() {
+  tsc_and_ns(&tsc1_, &ns1_);
+  if (ns1_ > ns0_ && tsc1_ > tsc0_) ticks_per_ns_ = static_cast<double>(tsc1_ - tsc0_) / static_cast<double>(ns1_ - ns0_);
+}
+
+// A record's TSC as CLOCK_MONOTONIC ns: back from the latest pair (records
+// are recent, so the rate's error barely counts).
+uint64_t Ring::ns_of(uint64_t tsc) const {
+  if (ticks_per_ns_ <= 0) return ns1_;
+  double d = static_cast<double>(static_cast<int64_t>(tsc - tsc1_)) / ticks_per_ns_;
+  return static_cast<uint64_t>(static_cast<int64_t>(ns1_) + static_cast<int64_t>(d));
+}
+
 size_t Ring::drain(const std::function<void(const void*, size_t)>& fn, size_t max) {
   uint64_t t = __atomic_load_n(&hdr_->tail, __ATOMIC_RELAXED);
   uint64_t size = mask_ + 1;
   size_t n = 0, since_store = 0;
+  if (tsc_) calibrate();
+  mt_event ev{};
   while (n < max) {
     uint64_t off = t & mask_;
     uint64_t word = __atomic_load_n(reinterpret_cast<uint64_t*>(data_ + off), __ATOMIC_ACQUIRE);
@@ -98,7 +157,32 @@ size_t Ring::drain(const std::function<void(const void*, size_t)>& fn, size_t ma
       break;
     }
     if (!(word & MT_INJ_PAD)) {
-      fn(data_ + off + MT_INJ_REC_HDR, len - MT_INJ_REC_HDR);
+      const char* body = data_ + off + MT_INJ_REC_HDR;
+      size_t bytes = len - MT_INJ_REC_HDR;
+      uint32_t w;
+      memcpy(&w, body, sizeof w);
+      if (w & MT_INJ_COMPACT) {
+        // A compact record (ring.h): expanded to the mt_event the model takes.
+        if (bytes != MT_INJ_REC_FREE_BYTES && bytes != MT_INJ_REC_ALLOC_BYTES && bytes != MT_INJ_REC_REALLOC_BYTES) {
+          malformed_++;
+          break;
+        }
+        mt_inj_rec c{};
+        memcpy(&c, body, bytes);
+        ev.h.kind = c.w & 0xff;
+        ev.h.flags = (c.w >> 16) & 0x7fff;
+        ev.h.pid = hdr_->pid;
+        ev.h.tid = c.tid;
+        ev.h.ts = tsc_ ? ns_of(c.ts) : c.ts;
+        ev.addr = c.addr;
+        ev.size = c.size;
+        ev.old_addr = c.old_addr;
+        ev.stack_id = c.stack_id;
+        ev.role = (c.w >> 8) & 0xff;
+        fn(&ev, sizeof ev);
+      } else {
+        fn(body, bytes);
+      }
       n++;
     }
     t += len;

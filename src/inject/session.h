@@ -49,6 +49,7 @@ class Ring {
   const volatile mt_inj_hdr& hdr() const { return *hdr_; }
   uint64_t backlog() const;     // bytes written and not drained
   uint64_t malformed() const { return malformed_; }
+  bool tsc() const { return tsc_; }
 
  private:
   Ring() = default;
@@ -57,6 +58,14 @@ class Ring {
   size_t map_bytes_ = 0;
   uint64_t mask_ = 0;
   uint64_t malformed_ = 0;
+  // ts_mode MT_INJ_TS_TSC: the TSC and CLOCK_MONOTONIC read together at
+  // creation and at the latest drain; ticks per ns between them (refined
+  // at every drain, the span growing: 1e-5 after a second).
+  bool tsc_ = false;
+  uint64_t tsc0_ = 0, ns0_ = 0, tsc1_ = 0, ns1_ = 0;
+  double ticks_per_ns_ = 0;
+  void calibrate();
+  uint64_t ns_of(uint64_t tsc) const;
   std::string path_;
 };
 
