@@ -1,5 +1,7 @@
 # Runs a Python workload script in this process, timed from inside:
-#   wait_then_run.py [--wait] SCRIPT [ARGS...]
+#   wait_then_run.py [--wait|--go] SCRIPT [ARGS...]
+# --go: prints "ready PID" and reads one line from stdin before it runs
+# SCRIPT (inject_bench.py attaches a tracer, any kind, meanwhile).
 # --wait: prints "ready PID" and sleeps until memtrace's agent records in
 # this process (memtrace-bpf --inject -p PID loaded it), then runs SCRIPT.
 # Prints "workload_seconds S cpu C" on stderr: the script alone (imports,
@@ -15,7 +17,11 @@ import time
 
 args = sys.argv[1:]
 wait = args and args[0] == "--wait"
-if wait:
+if args and args[0] == "--go":
+    args = args[1:]
+    print("ready %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+elif wait:
     args = args[1:]
     print("ready %d" % os.getpid(), flush=True)
     deadline = time.monotonic() + 60

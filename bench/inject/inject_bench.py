@@ -1,0 +1,207 @@
+#!/usr/bin/python3
+"""--inject against heaptrack, the BPF path and no tracing, interleaved in
+one run, on W1 (python3 json), W3 (sqlite3) and MT (a multi-threaded
+allocator stress); medians and ratios (issue 21, docs/inject.md).
+
+  sudo bench/inject/inject_bench.py [--repeat 5] [--build build]
+       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp]
+       [--mt-threads 4] [--mt-rounds 1000000]
+
+Every run starts the target, which waits before its work (W1 and MT read a
+line from stdin, sqlite3 waits for its commands on stdin); the tool (bpf:
+`memtrace-bpf -p PID`, inject: `memtrace-bpf --inject -p PID`) attaches to
+the running process and says "tracing"; then the work starts. heaptrack
+launches its target (LD_PRELOAD) and starts it at once. Figures:
+
+  workload  wall seconds of the work alone (W1, MT: timed inside the target;
+            W3: from sending `.read` to sqlite3's answer to the `.print` that
+            follows it): what tracing costs the program
+  cpu       the target's CPU seconds over the same span (user + sys; W3:
+            /proc/PID/schedstat): steadier than wall on a shared host; the
+            tool's own process (memtrace-bpf, heaptrack_interpret) not in it
+  done      from the start of the work to the tool's exit, report written
+            (heaptrack: its script's exit, interpretation done)
+  waits     --inject: inject_full_waits of the report (50 us naps of the
+            target's threads on a full ring: the tool's drain was behind)
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PY = "/usr/bin/python3"
+ENV = dict(os.environ, PYTHONMALLOC="malloc")
+DONE = "MEMTRACE_BENCH_DONE"
+
+
+def schedstat_s(pid):
+    with open("/proc/%d/schedstat" % pid) as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def child_named(ppid, comm, timeout=10):
+    """The pid of ppid's child called comm (heaptrack's script runs its program as a child)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    st = f.read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")]
+            fields = st[st.rindex(")") + 2:].split()
+            if name == comm and int(fields[1]) == ppid:
+                return int(d)
+        time.sleep(0.01)
+    raise RuntimeError("no child %s of %d" % (comm, ppid))
+
+
+def workloads(tmp, threads, rounds):
+    sql = os.path.join(tmp, "w3.sql")
+    subprocess.run([PY, os.path.join(ROOT, "bench/workloads/w3_gen_sql.py"), sql], check=True)
+    mt = os.path.join(tmp, "mt_stress")
+    subprocess.run(["cc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", mt,
+                    os.path.join(HERE, "mt_stress.c")], check=True)
+    return {
+        "W1": {"argv": [PY, os.path.join(HERE, "wait_then_run.py"), "--go",
+                        os.path.join(ROOT, "bench/workloads/w1_json_dicts.py")],
+               "what": "PYTHONMALLOC=malloc python3, json round trip of 50k dicts"},
+        "W3": {"argv": ["sqlite3", ":memory:"], "sql": sql, "comm": "sqlite3",
+               "what": "sqlite3 :memory: .read w3.sql (60k inserts, index, updates)"},
+        "MT": {"argv": [mt, "--wait", str(threads), str(rounds)],
+               "what": "mt_stress: %d threads x %d malloc/free rounds" % (threads, rounds)},
+    }
+
+
+def tool_argv(tool, mode, pid, rep):
+    base = [tool, "-p", str(pid), "--format", "json", "-o", rep]
+    if mode == "bpf":
+        return base
+    if mode == "inject":
+        return [tool, "--inject"] + base[1:]
+    if mode == "inject-fp":
+        return [tool, "--inject", "--unwind", "fp"] + base[1:]
+    raise SystemExit("unknown mode " + mode)
+
+
+def run_once(w, mode, tool, tmp):
+    argv = list(w["argv"])
+    if mode == "heaptrack":
+        argv = ["heaptrack", "-o", os.path.join(tmp, "ht")] + argv
+    target = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=ENV, bufsize=1)
+    sqlite = "sql" in w
+    if sqlite:
+        pid = child_named(target.pid, w["comm"]) if mode == "heaptrack" else target.pid
+    else:
+        while True:
+            line = target.stdout.readline()
+            if not line:
+                raise RuntimeError("%s: no ready line: %s" % (mode, target.stderr.read()[-2000:]))
+            if line.startswith("ready "):
+                pid = int(line.split()[1])
+                break
+    tool_p = None
+    rep = os.path.join(tmp, "r.json")
+    if mode not in ("untraced", "heaptrack"):
+        if os.path.exists(rep):
+            os.unlink(rep)
+        tool_p = subprocess.Popen(tool_argv(tool, mode, pid, rep), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
+        while True:
+            line = tool_p.stderr.readline()
+            if not line:
+                target.kill()
+                raise RuntimeError("%s: the tool ended before tracing" % mode)
+            if "tracing" in line:
+                break
+    t0 = time.monotonic()
+    if sqlite:
+        c0 = schedstat_s(pid)
+        target.stdin.write(".read %s\n.print %s\n" % (w["sql"], DONE))
+        target.stdin.flush()
+        while True:
+            line = target.stdout.readline()
+            if not line:
+                raise RuntimeError("%s: sqlite3 ended early: %s" % (mode, target.stderr.read()[-2000:]))
+            if DONE in line:
+                break
+        wall = time.monotonic() - t0
+        cpu = schedstat_s(pid) - c0
+        _, terr = target.communicate()
+    else:
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        _, terr = target.communicate()
+        m = re.findall(r"workload_seconds ([0-9.]+) cpu ([0-9.]+)", terr)
+        if not m:
+            raise RuntimeError("%s: no workload_seconds: %s" % (mode, terr[-2000:]))
+        wall, cpu = float(m[-1][0]), float(m[-1][1])
+    waits = 0
+    if tool_p:
+        _, merr = tool_p.communicate()
+        if tool_p.returncode != 0:
+            raise RuntimeError("%s: tool exited %d: %s" % (mode, tool_p.returncode, merr[-2000:]))
+        with open(rep) as f:
+            d = json.load(f)
+        waits = d.get("stats", {}).get("inject_full_waits", 0)
+        lost = sum(v for k, v in d.get("dropped", {}).items() if k != "attach_failed")
+        if lost:
+            print("  %s: dropped %s" % (mode, {k: v for k, v in d["dropped"].items() if v}), file=sys.stderr)
+    done = time.monotonic() - t0
+    if target.returncode != 0:
+        raise RuntimeError("%s: target exited %d: %s" % (mode, target.returncode, terr[-2000:]))
+    return wall, cpu, done, waits
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--workloads", default="W1,W3,MT")
+    ap.add_argument("--modes", default="untraced,heaptrack,bpf,inject")
+    ap.add_argument("--mt-threads", type=int, default=4)
+    ap.add_argument("--mt-rounds", type=int, default=1000000)
+    a = ap.parse_args()
+    tool = os.path.join(a.build, "src/loader/memtrace-bpf")
+    modes = a.modes.split(",")
+    wls = a.workloads.split(",")
+    res = {(w, m): [] for w in wls for m in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        W = workloads(tmp, a.mt_threads, a.mt_rounds)
+        for r in range(a.repeat):
+            for w in wls:
+                for m in modes:
+                    v = run_once(W[w], m, tool, tmp)
+                    res[(w, m)].append(v)
+                    print("round %d %-3s %-10s workload %7.3f s  cpu %7.3f s  done %7.3f s  waits %d" %
+                          ((r, w, m) + v), file=sys.stderr, flush=True)
+        print("medians of %d rounds, interleaved; x: against untraced; /ht: against heaptrack (workload wall, cpu)"
+              % a.repeat)
+        for w in wls:
+            print("\n%s: %s" % (w, W[w]["what"]))
+            print("%-10s %9s %9s %9s %7s %8s %8s %7s %7s" %
+                  ("mode", "workload", "cpu", "done", "waits", "x wall", "x cpu", "/ht wall", "/ht cpu"))
+            med = {m: [statistics.median(v[i] for v in res[(w, m)]) for i in range(4)] for m in modes}
+            base = med.get("untraced")
+            ht = med.get("heaptrack")
+            for m in modes:
+                wl, c, d, wt = med[m]
+                print("%-10s %9.3f %9.3f %9.3f %7d %8s %8s %7s %7s" % (
+                    m, wl, c, d, wt,
+                    "%.2f" % (wl / base[0]) if base else "-", "%.2f" % (c / base[1]) if base else "-",
+                    "%.2f" % (wl / ht[0]) if ht else "-", "%.2f" % (c / ht[1]) if ht else "-"))
+
+
+if __name__ == "__main__":
+    main()
