@@ -131,7 +131,7 @@ Placement place_function(const elf::ElfFile& elf, const elf::Symbol& sym, const 
     if (!o.incoming_targets.empty()) {
       p = choose_entry_offset(code, sym.vaddr, needs, o);
     } else {
-      p.reason += "; no rel32 branch in the object targets the entry path";
+      p.reason += std::string(isa == Isa::kArm64 ? "; no direct branch in the object targets the entry path" : "; no rel32 branch in the object targets the entry path");
     }
   }
   return p;

@@ -196,6 +196,27 @@ std::optional<uint64_t> branch_target(uint32_t i, uint64_t pc) {
   return std::nullopt;
 }
 
+// Bytes a store writes: the size of its register(s), two for a pair (stp,
+// stnp); 16 if not known.
+int store_size(const Insn64& in) {
+  std::string m = in.p->mnemonic;
+  const cs_arm64& x = in.p->detail->arm64;
+  int regs = (m == "stp" || m == "stnp") ? 2 : 1;
+  if (m == "strb" || m == "sturb") return 1;
+  if (m == "strh" || m == "sturh") return 2;
+  if (x.op_count < 1 || x.operands[0].type != ARM64_OP_REG) return 16;
+  const char* r = cs_reg_name(cs64(), x.operands[0].reg);
+  if (!r) return 16;
+  switch (r[0]) {
+    case 'x': case 'd': return 8 * regs;
+    case 'w': case 's': return 4 * regs;
+    case 'q': return 16 * regs;
+    case 'h': return 2 * regs;
+    case 'b': return 1 * regs;
+    default: return 16;
+  }
+}
+
 }  // namespace
 
 std::vector<uint64_t> arm64_branch_targets(const std::vector<uint8_t>& code, uint64_t code_addr, uint64_t lo,
@@ -389,8 +410,13 @@ Placement choose_entry_offset_arm64(const std::vector<uint8_t>& code, uint64_t a
           new_adj = adj + static_cast<int32_t>(-d);
           d = 0;
         }
-        if (d < 0 || d + 16 > new_adj) {
+        if (d < 0 || d + store_size(*in) > new_adj) {
           stop = t + " at " + plus(off) + " may store outside the new frame (into the caller's)";
+          break;
+        }
+        int64_t rec = record_at >= 0 ? record_at + (new_adj - adj) : -1;  // after this store's writeback
+        if (needs.reads_rbp && rec >= 0 && d < rec + 16 && d + store_size(*in) > rec) {
+          stop = t + " at " + plus(off) + " stores over the x29/x30 frame record";
           break;
         }
         // Which registers are stored: x29 and x30 as a pair is a frame record.

@@ -203,6 +203,34 @@ TEST(Arm64Placement, CallocAndReallocarrayWriteTheirArgumentsFirst) {
   EXPECT_EQ(return_probe_offset(r2), 8u);  // sp and x30 untouched: one trap for both
 }
 
+TEST(Arm64Placement, CxxAlignedNewMovesToItsBne) {
+  // libstdc++ 12 (Debian 12's libstdc++6-arm64-cross, /usr/aarch64-linux-gnu/lib/libstdc++.so.6)
+  // operator new(size_t, align_val_t) at 0xa2cf0, first 10 instructions. No return
+  // probe, no stack taken, only x0 read: the entry probe goes to b.ne at +0x24.
+  const Words w = {0xa9be7bfd, 0x910003fd, 0xfd000fe8, 0x9e670028, 0xf9000bf3,
+                   0x0e205900, 0x0e31b800, 0x9e660001, 0x7100043f, 0x54000281};
+  auto p = place(w, needs_for(Role::kAlignedNew), k61, 0xa2cf0);
+  EXPECT_EQ(p.offset, 0x24u) << describe(p);
+  EXPECT_TRUE(p.emulated);
+  EXPECT_EQ(p.insn, "b.ne #0xa2d64");
+  EXPECT_EQ(p.rsp_adjust, 32);
+  EXPECT_TRUE(p.lr_saved);
+  // str d8, [sp, #24] stores 8 bytes: inside the 32-byte frame.
+  EXPECT_EQ(p.skipped[2], "str d8, [sp, #0x18]");
+  // A 16-byte store there would reach into the caller's frame.
+  auto q = place({0xa9be7bfd, 0x910003fd, 0x3d8007e8 /* str q8, [sp, #16] */, 0x54000281},
+                 needs_for(Role::kAlignedNew), k61, 0xa2cf0);
+  EXPECT_EQ(q.offset, 0xcu) << describe(q);
+  // A store over the frame record just made (x29 points at it) stops a walk that reads x29.
+  auto f = place({0xa9be7bfd, 0x910003fd, 0xf90003e1 /* str x1, [sp] */, 0x54000281}, needs(0x1, false));
+  EXPECT_EQ(f.offset, 0u);
+  EXPECT_NE(f.reason.find("frame record"), std::string::npos) << f.reason;
+  auto r = place({0xa9be7bfd, 0xad0087e0 /* stp q0, q1, [sp, #16] */, 0x54000281}, needs_for(Role::kAlignedNew),
+                 k61, 0xa2cf0);
+  EXPECT_EQ(r.offset, 0u);
+  EXPECT_NE(r.reason.find("outside the new frame"), std::string::npos) << r.reason;
+}
+
 // ---- bti / paciasp at the entry ----
 
 TEST(Arm64Placement, BtiThenSimulatedMovesOneInstruction) {
@@ -350,5 +378,37 @@ TEST(RealArm64Libc, Glibc236Choices) {
     ASSERT_NE(it, want.end());
     EXPECT_EQ(s.placement.offset, it->second.first);
     EXPECT_EQ(s.placement.emulated, it->second.second);
+  }
+}
+
+TEST(RealArm64Libc, CxxAlignedNewOfLibstdcxx12) {
+  // Debian 12's libstdc++6-arm64-cross 12.2.0-14cross1 (build-id 848b2571...):
+  // operator new(size_t, align_val_t) takes no return probe and no stack, so
+  // its probe may go past stp x29, x30 to the first simulated instruction,
+  // unless something in the object branches into the skipped ones.
+  const char* path = "/usr/aarch64-linux-gnu/lib/libstdc++.so.6";
+  auto elf = memtrace::elf::ElfFile::open(path);
+  if (!elf) MEMTRACE_SKIP_OR_FAIL(std::string("no ") + path + " (libstdc++6-arm64-cross)");
+  DetectOptions d;
+  d.caps = k61;
+  d.isa = Isa::kArm64;
+  auto a = find_cxx_aligned_new(*elf, d);
+  ASSERT_TRUE(a);
+  for (const auto& s : a->symbols) {
+    if (!s.alias_of.empty()) continue;
+    SCOPED_TRACE(s.symbol + ": " + describe(s.placement));
+    std::printf("  %s %s\n", s.symbol.c_str(), describe(s.placement).c_str());
+    const auto& p = s.placement;
+    auto code = elf->read_vaddr(s.vaddr + p.offset, 4);
+    ASSERT_EQ(code.size(), 4u);
+    uint32_t w;
+    std::memcpy(&w, code.data(), 4);
+    if (p.offset > 0) {
+      EXPECT_EQ(arm64_kernel_verdict(w, k61), Verdict::kEmulated);
+    }
+    if (s.symbol == "_ZnwmSt11align_val_t" && elf->build_id() == "848b25713b3759cc5c5ed020cbe0abdae7fa42ec") {
+      EXPECT_EQ(p.offset, 0x24u);
+      EXPECT_EQ(p.rsp_adjust, 32);
+    }
   }
 }
