@@ -18,7 +18,8 @@
  * release order: len << 48 | (MT_INJ_PAD if a pad) | (pos & MT_INJ_POS_MASK),
  * pos being the record's absolute stream position. The consumer reads the
  * word at tail with acquire order: the record is complete when its pos
- * bits are tail's (stale bytes of the last lap carry an older position), so
+ * bits are tail's and its length is not 0 (stale bytes of the last lap carry
+ * an older position; the untouched ring's zeros, position 0), so
  * nothing is ever zeroed. A full ring makes the writer wait while the
  * loader's heartbeat is fresh (full_waits); a record is dropped (drops) only
  * when the loader is gone or detached.

@@ -9,11 +9,16 @@
 #pragma once
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/result.h"
 #include "inject/injector.h"
@@ -41,8 +46,10 @@ class Ring {
   Ring& operator=(const Ring&) = delete;
 
   // Every complete record in order, at most max; fn(record, bytes). The
-  // number of records (pads not counted).
-  size_t drain(const std::function<void(const void*, size_t)>& fn, size_t max = SIZE_MAX);
+  // number of records (pads not counted). Compact records (ring.h) come
+  // as mt_event (expand) or as the struct mt_inj_rec they are, their ts
+  // in ns either way.
+  size_t drain(const std::function<void(const void*, size_t)>& fn, size_t max = SIZE_MAX, bool expand = true);
   void heartbeat();             // the agent's check that the loader lives (MT_INJ_STALE_NS)
   void set_state(uint32_t s);   // enum mt_inj_state
   void unlink_name();
@@ -76,12 +83,19 @@ class Session {
   pid_t pid() const { return pid_; }
   Ring& ring() { return *ring_; }
   const LoadStats& load_stats() const { return load_; }
-  size_t drain(const std::function<void(const void*, size_t)>& fn, size_t max = SIZE_MAX) {
-    ring_->heartbeat();
-    return ring_->drain(fn, max);
-  }
+  // Without the copier: the ring's records (at most max). With it: what
+  // the copier has taken (up to kChunksPerDrain chunks; all with flush),
+  // and with flush the ring's rest too: every record written so far.
+  size_t drain(const std::function<void(const void*, size_t)>& fn, size_t max = SIZE_MAX, bool flush = false);
+  // A thread of its own copies the ring's records into this process's
+  // memory as they come, up to max_backlog bytes held: the target's
+  // threads wait for a full ring only when the heap model (drain's fn) is
+  // that far behind, not whenever it is 64 MiB behind.
+  void start_copier(size_t max_backlog);
+  bool backlog() const { return queued_.load(std::memory_order_relaxed) != 0; }
+  uint64_t backlog_peak() const { return backlog_peak_; }
   // The hooks stop writing; records already reserved are committed within
-  // a few microseconds: drain after this.
+  // a few microseconds: drain after this (with flush).
   void detach();
 
  private:
@@ -89,6 +103,20 @@ class Session {
   pid_t pid_ = 0;
   std::unique_ptr<Ring> ring_;
   LoadStats load_;
+  // The copier: chunks of [u32 bytes][record] (mt_inj_rec or mt_stack).
+  static constexpr size_t kChunkBytes = 1 << 20;
+  static constexpr size_t kChunksPerDrain = 16;
+  void copier();
+  void stop_copier();
+  std::thread copier_;
+  std::atomic<bool> stop_{false};
+  std::mutex ring_mu_;  // one consumer of the ring at a time
+  std::mutex mu_;       // chunks_, spare_
+  std::deque<std::vector<char>> chunks_;
+  std::vector<std::vector<char>> spare_;
+  std::atomic<size_t> queued_{0};  // bytes in chunks_
+  size_t max_backlog_ = 0;
+  uint64_t backlog_peak_ = 0;
 };
 
 }  // namespace memtrace::inject

@@ -389,7 +389,7 @@ void Tracer::forget_stopped(pid_t pid) {
 void Tracer::process_gone(pid_t pid, int exit_code) {
   // --inject: its records in the agent's ring are all written (it exited):
   // in before its exit, which may retire it right below.
-  if (!injected_.empty()) drain_injected();
+  if (!injected_.empty()) drain_injected(true);
   // The launched program stays current: its waitpid status is the report's.
   if (launcher_ && pid == launcher_->pid()) {
     model_.on_exit(pid, exit_code);
@@ -671,23 +671,28 @@ Result<void> Tracer::inject_process(pid_t pid) {
       " GOT slots in " + std::to_string(h.objects_hooked) + " objects, stacks by " +
       (h.stack_used == MT_INJ_STACK_LIBUNWIND ? "libunwind" : h.stack_used == MT_INJ_STACK_FP ? "frame pointers" : "none") +
       "; stopped " + std::to_string((*s)->load_stats().stopped_us) + " us (" + std::to_string(us) + " us in all)");
+  // Its records copied out of the ring as they come, up to 4x the ring
+  // held here while the model catches up (the target waits only past it).
+  (*s)->start_copier(o_.inject_ring_mb << 22);
   injected_.push_back(std::move(*s));
   return {};
 }
 
-size_t Tracer::drain_injected() {
+size_t Tracer::drain_injected(bool flush) {
   size_t n = 0;
   for (auto& s : injected_)
-    n += s->drain([this](const void* d, size_t len) {
-      model_.apply(d, len);
-      if (feat_) feat_->on_event(d, len);
-    });
+    n += s->drain(
+        [this](const void* d, size_t len) {
+          model_.apply(d, len);
+          if (feat_) feat_->on_event(d, len);
+        },
+        SIZE_MAX, flush);
   return n;
 }
 
 void Tracer::detach_injected() {
   for (auto& s : injected_) s->detach();
-  drain_injected();
+  drain_injected(true);
 }
 
 int Tracer::on_event(void* data, size_t len) {
@@ -847,6 +852,9 @@ report::Drops Tracer::drops() {
     d.dropped["inject_ring_full"] = drops;
     d.dropped["inject_malformed"] = malformed;
     d.stats["inject_full_waits"] = waits;  // 50 us naps of the target's threads: the drain was behind
+    uint64_t peak = 0;
+    for (const auto& s : injected_) peak = std::max<uint64_t>(peak, s->backlog_peak());
+    d.stats["inject_backlog_peak_kb"] = peak >> 10;  // records copied out of the ring, not yet in the model
   }
   d.stats["events"] = model_.event_count();
   {  // what the heap model holds (the tool's memory on a long system-wide run)
@@ -1297,7 +1305,9 @@ int Tracer::run() {
   auto next_profiles = start + pprof_every;
   int exit_code = 0;
   while (!g_stop) {
-    int n = poll(injected_.empty() ? 50 : 2);  // --inject: the agent's ring has no wakeup; a writer waits when it is full
+    bool behind = false;  // --inject: copied records wait for the model: no sleep
+    for (const auto& s : injected_) behind = behind || s->backlog();
+    int n = poll(injected_.empty() ? 50 : behind ? 0 : 2);  // --inject: the agent's ring has no wakeup; a writer waits when it is full
     if (metrics_)  // a scrape waits: the counters as drained so far (metrics/exporter.h)
       metrics_->serve([this] { return metrics::snapshot_of(model_, drops(), {o_.faults, !system_wide_}); });
     // --faults: drain at least every 50 ms, so that faults on mappings made

@@ -209,7 +209,7 @@ class Tracer {
   std::unique_ptr<PprofDir> pprof_dir_;         // --pprof-dir
   // --inject: one agent session per -p process (src/inject/session.h).
   Result<void> inject_process(pid_t pid);
-  size_t drain_injected();
+  size_t drain_injected(bool flush = false);  // flush: every record written so far
   void detach_injected();
   std::vector<std::unique_ptr<inject::Session>> injected_;
 };
