@@ -976,7 +976,7 @@ struct mt_vma_check {
 	__u32 flags;
 };
 
-#ifndef MT_COMPAT
+#if !defined(MT_COMPAT) && !defined(__TARGET_ARCH_arm64)
 /* x86 access_error(): a write needs VM_WRITE; any other access needs the VMA
  * to be accessible at all (a read of a present page is a protection fault). */
 static long mt_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
@@ -997,6 +997,99 @@ static long mt_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void
 }
 #endif
 
+#ifdef __TARGET_ARCH_arm64
+/* arm64 has no page_fault_user tracepoint, and its fault handler
+ * (do_page_fault, __kprobes) and exception entry (noinstr) cannot be probed:
+ * the hook is a kprobe on handle_mm_fault(vma, address, flags, regs), which
+ * do_page_fault calls once the VMA is found and the access checked against it
+ * (arch/arm64/mm/fault.c, 6.1 and 6.12 alike). Counted as x86's tracepoint
+ * counts: once per user fault (exception), so the calls of a retry are left
+ * out: FAULT_FLAG_TRIED marks every retry under the mmap lock, and since 6.4
+ * a user fault is first tried under the VMA lock (FAULT_FLAG_VMA_LOCK) and,
+ * when that returns VM_FAULT_RETRY, tried again under the mmap lock without
+ * that flag (and without TRIED unless the first try was a major fault): the
+ * thread's last VMA-locked address tells that second call apart. Faults
+ * with no VMA or a forbidden access end in SIGSEGV before handle_mm_fault
+ * and are not seen (x86 flags them); kernel accesses to user memory (no
+ * FAULT_FLAG_USER: uaccess, GUP) are not user faults, as on x86. */
+enum fault_flag___mt { FAULT_FLAG_VMA_LOCK___mt = 4096 }; /* 6.4+ */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);   /* tid */
+	__type(value, __u64); /* address of its last VMA-locked try */
+} fault_vma_locked SEC(".maps");
+
+SEC("kprobe/handle_mm_fault")
+int BPF_KPROBE(mt_page_fault, struct vm_area_struct *vma, unsigned long address, unsigned int flags,
+	       struct pt_regs *regs)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	__u32 fflags = 0;
+	__u64 error_code;
+	struct mt_event *e;
+
+	if (!(flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_USER)))
+		return 0;
+	if (!system_wide) {
+		if (!bpf_map_lookup_elem(&targets, &tgid))
+			return 0;
+	} else if (tgid == self_pid) {
+		count(MT_C_FAULTS_FILTERED);
+		return 0;
+	}
+	if (flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_TRIED)) {
+		if (bpf_core_enum_value_exists(enum fault_flag___mt, FAULT_FLAG_VMA_LOCK___mt))
+			bpf_map_delete_elem(&fault_vma_locked, &tid);
+		return 0;
+	}
+	if (bpf_core_enum_value_exists(enum fault_flag___mt, FAULT_FLAG_VMA_LOCK___mt)) {
+		__u32 vma_lock = bpf_core_enum_value(enum fault_flag___mt, FAULT_FLAG_VMA_LOCK___mt);
+
+		if (flags & vma_lock) {
+			__u64 a = address;
+
+			bpf_map_update_elem(&fault_vma_locked, &tid, &a, BPF_ANY);
+		} else {
+			__u64 *last = bpf_map_lookup_elem(&fault_vma_locked, &tid);
+
+			if (last && *last == address) {
+				bpf_map_delete_elem(&fault_vma_locked, &tid);
+				return 0; /* the same fault, retried under the mmap lock */
+			}
+		}
+	}
+	/* The record as on x86: its error-code bits (user 0x4, write 0x2,
+	 * instruction fetch 0x10) made from the fault flags; present (0x1) is
+	 * not known here. */
+	error_code = 0x4;
+	if (flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_WRITE)) {
+		error_code |= MT_PF_WRITE;
+		fflags |= MT_F_FAULT_WRITE;
+	}
+	if (flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_INSTRUCTION)) {
+		error_code |= MT_PF_INSTR;
+		fflags |= MT_F_FAULT_INSTR;
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(MT_C_FAULT_RINGBUF_FULL);
+		return 0;
+	}
+	fill_hdr(&e->h, MT_EV_FAULT, fflags, pid_tgid);
+	e->addr = address;
+	e->size = 0;
+	e->old_addr = PT_REGS_IP_CORE(regs);
+	e->old_size = error_code;
+	e->stack_id = 0;
+	e->role = 0;
+	e->aux = 0;
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+#else
 SEC("tp_btf/page_fault_user")
 int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigned long error_code)
 {
@@ -1046,3 +1139,4 @@ int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigne
 	bpf_ringbuf_submit(e, rb_flags());
 	return 0;
 }
+#endif /* __TARGET_ARCH_arm64 */

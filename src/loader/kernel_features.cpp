@@ -112,7 +112,17 @@ KernelFeatures probe_kernel() {
     k.sched_tp_btf = tp_args(vmlinux, "sched_process_exec") >= 3 && tp_args(vmlinux, "sched_process_fork") >= 2 &&
                      tp_args(vmlinux, "sched_process_exit") >= 1;
     k.exit_group_dead = tp_args(vmlinux, "sched_process_exit") >= 2;
+#if defined(__aarch64__)
+    // No page_fault_user tracepoint on arm64: the fault program is a kprobe
+    // on handle_mm_fault (bpf/memtrace.bpf.c), whose flags it reads by CO-RE.
+    k.page_fault_tp = btf__find_by_name_kind(vmlinux, "handle_mm_fault", BTF_KIND_FUNC) > 0 &&
+                      btf__find_by_name_kind(vmlinux, "fault_flag", BTF_KIND_ENUM) > 0 &&
+                      (access("/sys/bus/event_source/devices/kprobe/type", R_OK) == 0 ||
+                       access("/sys/kernel/tracing/kprobe_events", F_OK) == 0 ||
+                       access("/sys/kernel/debug/tracing/kprobe_events", F_OK) == 0);
+#else
     k.page_fault_tp = tp_args(vmlinux, "page_fault_user") >= 3;
+#endif
     k.uprobe_multi = enum_has(vmlinux, "bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
     btf__free(vmlinux);
   }
@@ -187,14 +197,18 @@ std::vector<std::string> describe(const KernelFeatures& k) {
   choice(full, "in-flight calls", "task local storage", "hash map keyed by thread id");
   choice(k.exit_group_dead, "process exit", "sched_process_exit's group_dead",
          "last thread found by signal->live (group_dead is newer than this kernel)");
+#if defined(__aarch64__)
+  if (k.page_fault_tp)
+    choice(false, "page faults", "",
+           "a kprobe on handle_mm_fault (arm64 has no page_fault_user tracepoint): faults that end in SIGSEGV "
+           "are not seen; --rearm is off (not supported on aarch64 yet: single-step helper)");
+  else
+    line(false, "page faults", "no kprobe on handle_mm_fault (no BTF for it or no kprobe PMU): --faults is off");
+#else
   if (k.page_fault_tp)
     choice(full, "page faults", "page_fault_user, checked against the VMA (bpf_find_vma)",
            "page_fault_user without the VMA check: faults that end in SIGSEGV are not flagged, --rearm is off "
            "(bpf_find_vma needs 5.17)");
-#if defined(__aarch64__)
-  else
-    choice(false, "page faults", "", "not supported on aarch64 yet: page faults (no page_fault_user tracepoint): --faults is off");
-#else
   else
     line(false, "page faults", "no exceptions:page_fault_user tracepoint: --faults is off");
 #endif

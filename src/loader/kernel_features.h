@@ -29,7 +29,8 @@ struct KernelFeatures {
   bool task_btf = false;        // bpf_get_current_task_btf (5.11)
   bool task_pt_regs = false;    // bpf_task_pt_regs (5.15): user registers in syscall tracepoints
   bool exit_group_dead = false; // sched_process_exit passes group_dead (after 6.12)
-  bool page_fault_tp = false;   // exceptions:page_fault_user as a BTF tracepoint
+  bool page_fault_tp = false;   // the user page-fault hook: exceptions:page_fault_user as a BTF tracepoint
+                               // (x86-64); on aarch64 a kprobe on handle_mm_fault (docs/arm64.md)
 
   // Context for error messages.
   std::string lockdown;      // "none", "integrity", "confidentiality", or "" (unknown)
