@@ -16,8 +16,11 @@ vmlinux: the guest prints /sys/kernel/btf/vmlinux in base64; bpftool turns
     it into the CO-RE header the arm64 BPF objects are compiled against.
 test: the guest holds the arm64 build's static memtrace-bpf, the test
     targets at their build-tree paths and their arm64 shared libraries (from
-    the multiarch dirs); it runs --check, launch traces with exact counts and
-    the features not written for arm64 yet (which must say so in one line).
+    the multiarch dirs); it runs --check, launch traces with exact counts,
+    page faults (tests/faults/fault_target, cross-compiled here: the arm64
+    build leaves tests/faults out) with every page of the buffer charged
+    exactly once, and the features not written for arm64 yet (which must say
+    so in one line).
     One result per test; exit 1 if any failed or the VM did not finish.
 """
 import argparse
@@ -203,9 +206,12 @@ TARGETS = [  # build-tree files the guest runs
     "tests/targets/alloc_rounds_static",
 ]
 
+FAULT_TARGET = "arm64-test/targets/fault_target"  # under the build dir, compiled from tests/faults
+
 TEST_INIT = r"""TOOL=@TOOL@
 STATIC=@STATIC@
 DYN=@DYN@
+FAULT=@FAULT@
 launch() {  # NAME ROUNDS PROGRAM: the JSON report, @@STDOUT, the program's output
   echo "@@BEGIN $1$2"
   $TOOL --format json -o /tmp/r.json -- $3 --rounds $2 > /tmp/r.out 2>/tmp/r.err
@@ -234,6 +240,23 @@ launch dyn.Launch. 20 $DYN
 launch threads4.Launch. 0 "$DYN --threads 4"
 launch threads4.Launch. 20 "$DYN --threads 4"
 
+# Page faults (a kprobe on handle_mm_fault): fault_target as tests/faults
+# runs it, with one fault trace line per fault, then --faults alone.
+faults() {  # NAME OPTION
+  echo "@@BEGIN $1"
+  $TOOL $2 --format json -o /tmp/f.json -- $FAULT --file /tmp/fault.dat --linger-ms 300 > /tmp/f.out 2>/tmp/f.err
+  rc=$?
+  cat /tmp/f.json
+  echo "@@STDOUT"
+  cat /tmp/f.out
+  echo "@@STDERR"
+  cat /tmp/f.err
+  echo "@@END $1 $rc"
+  rm -f /tmp/fault.dat
+}
+faults faults.Trace --trace-faults
+faults faults.Report --faults
+
 # The probe placement analysis (capstone arm64, the kernel's simulation rules)
 # on the guest's libc.so.6: what --explain-probes says about each entry.
 echo "@@BEGIN probes.ExplainProbes"
@@ -243,9 +266,9 @@ grep "alloc\|free\|return probe\|not supported" /tmp/e.err
 echo "@@END probes.ExplainProbes $rc"
 
 # What is not written for arm64 yet must say so, in one line.
-echo "@@BEGIN notyet.Faults"
-$TOOL --faults -- $STATIC --rounds 1 2>&1
-echo "@@END notyet.Faults $?"
+echo "@@BEGIN notyet.Rearm"
+$TOOL --trace-faults -p 1 --rearm 100 --range 0x1000-0x2000 2>&1
+echo "@@END notyet.Rearm $?"
 echo "@@BEGIN notyet.UnwindCfi"
 $TOOL --unwind cfi -- $STATIC --rounds 1 2>&1
 echo "@@END notyet.UnwindCfi $?"
@@ -273,6 +296,14 @@ def make_test_initramfs(build, work, cache):
     for rel in ("src/loader/memtrace-bpf", "tests/targets/alloc_rounds_static"):
         if kt.is_dynamic_elf(os.path.join(build, rel)):
             sys.exit(f"arm64-test: {rel} is dynamically linked: configure with -DMEMTRACE_STATIC=ON")
+    # fault_target (tests/faults: not in the arm64 build), cross-compiled as
+    # tests/faults/CMakeLists.txt compiles it.
+    ft = os.path.join(build, FAULT_TARGET)
+    os.makedirs(os.path.dirname(ft), exist_ok=True)
+    kt.run(["aarch64-linux-gnu-gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-o", ft,
+            os.path.join(ROOT, "tests", "faults", "fault_target.c")])
+    kt.copy_to(stage, ft)
+    dynamic.append(ft)
     libs, interps = arm64_libs(dynamic)
     for lib in sorted(libs):
         kt.copy_to(payload, lib)
@@ -285,7 +316,8 @@ def make_test_initramfs(build, work, cache):
         kt.copy_to(payload, src, i)
     init = INIT_HEAD + (TEST_INIT.replace("@TOOL@", os.path.join(build, "src/loader/memtrace-bpf"))
                         .replace("@STATIC@", os.path.join(build, "tests/targets/alloc_rounds_static"))
-                        .replace("@DYN@", os.path.join(build, "tests/targets/alloc_rounds"))) + INIT_TAIL
+                        .replace("@DYN@", os.path.join(build, "tests/targets/alloc_rounds"))
+                        .replace("@FAULT@", os.path.join(build, FAULT_TARGET))) + INIT_TAIL
     with open(os.path.join(stage, "init"), "w") as f:
         f.write(init)
     os.chmod(os.path.join(stage, "init"), 0o755)
@@ -338,6 +370,140 @@ def stack_result(sec, comm):
     return False, f"no {comm} process in the report"
 
 
+def fault_expect(out):
+    """fault_target's own lines: the buffer's pages, the untouched block, the file mapping."""
+    x = {}
+    m = re.search(r"buffer first=0x([0-9a-f]+) end=0x([0-9a-f]+) pages=(\d+) block=0x([0-9a-f]+)", out)
+    if m:
+        x.update(first=int(m.group(1), 16), end=int(m.group(2), 16), pages=int(m.group(3)), block=int(m.group(4), 16))
+    m = re.search(r"file path=(\S+) addr=0x([0-9a-f]+) len=(\d+)", out)
+    if m:
+        x.update(file=m.group(1), file_addr=int(m.group(2), 16), file_len=int(m.group(3)))
+    return x
+
+
+def fault_site(lst, fn):
+    for s in lst:
+        if s.get("stack") and s["stack"][0].get("function") == fn:
+            return s
+    return None
+
+
+def fault_report_check(rep, x, file_faults=None):
+    """The report's faults of fault_target (tests/faults' assertions): the
+    buffer's pages once each, all writes, charged to alloc_buffer < main; the
+    untouched block; the file mapping's faults reads; no fault lost."""
+    why = []
+    ps = [p for p in rep.get("processes", []) if p.get("comm") == "fault_target"]
+    if not ps or "faults" not in ps[0]:
+        return ["no fault_target process with faults in the report"]
+    f = ps[0]["faults"]
+    if f["total"] != f["read"] + f["write"]:
+        why.append(f"total {f['total']} != read {f['read']} + write {f['write']}")
+    site = fault_site(f.get("by_stack", []), "alloc_buffer")
+    if not site:
+        return why + ["no by_stack site of alloc_buffer: " + json.dumps(f.get("by_stack", []))[:800]]
+    for k, want in (("pages", x["pages"]), ("faults", x["pages"]), ("writes", x["pages"]), ("reads", 0),
+                    ("kind", "block")):
+        if site.get(k) != want:
+            why.append(f"alloc_buffer site {k}: {site.get(k)} != {want}")
+    if len(site["stack"]) < 2 or site["stack"][1].get("function") != "main":
+        why.append("alloc_buffer's stack: " + " < ".join(s.get("function", "?") for s in site["stack"]))
+    if f["by_stack"][0]["stack"][0].get("function") != "alloc_buffer":
+        why.append("the biggest site is not alloc_buffer's")
+    un = fault_site(f.get("by_bytes", []), "alloc_untouched")
+    if not un or (un["bytes"], un["blocks"], un["touched_blocks"], un["pages"]) != (1 << 20, 1, 0, 0):
+        why.append("alloc_untouched: " + json.dumps(un))
+    fm = [m for m in f.get("by_mapping", []) if m.get("region") == x["file"]]
+    if not fm:
+        why.append("no by_mapping region of " + x["file"])
+    elif fm[0]["writes"] != 0 or (file_faults is not None and fm[0]["faults"] != file_faults):
+        why.append(f"file region: {json.dumps(fm[0])}, {file_faults} trace lines")
+    for k in ("ringbuf", "fault_ringbuf", "malformed"):
+        if rep.get("dropped", {}).get(k, 0):
+            why.append(f"dropped {k}={rep['dropped'][k]}")
+    return why
+
+
+def faults_result(sec, name):
+    """--trace-faults (trace lines, then the report) or --faults (the report):
+    every page of fault_target's 4 MiB buffer written once, one write fault
+    each (address in the page, ip in write_pages, hit: the block, allocated by
+    alloc_buffer), no read fault on them; the file mapping's faults reads from
+    read_file; instruction-fetch faults at their own pc. Returns (ok, why, figures)."""
+    rc, body = sec.get(name, (None, ""))
+    js, _, rest = body.partition("@@STDOUT\n")
+    out = rest.partition("@@STDERR\n")[0]
+    if rc != 0:
+        return False, f"exit {rc}: " + why_not(body)
+    x = fault_expect(out)
+    if x.get("pages") != 1024 or "file" not in x:
+        return False, "fault_target's lines missing: " + out[-800:]
+    lines = js.split("\n")
+    at = next((i for i, l in enumerate(lines) if l == "{"), None)
+    if at is None:
+        return False, "no report: " + js[-800:]
+    try:
+        rep = json.loads("\n".join(lines[at:]))
+    except ValueError as err:
+        return False, f"report: {err}"
+    trace = []
+    for l in lines[:at]:
+        if l.startswith("{"):
+            try:
+                trace.append(json.loads(l))
+            except ValueError:
+                return False, "bad trace line: " + l[:300]
+    why, figures = [], ""
+    file_faults = None
+    if name.endswith("Trace"):
+        writes = reads = file_faults = xf = 0
+        pages = set()
+        for l in trace:
+            a = int(l["address"], 16)
+            if l["access"] == "X":
+                xf += 1
+                if l["ip"] != l["address"]:
+                    why.append("instruction fault not at its pc: " + json.dumps(l))
+            if x["first"] <= a < x["end"]:
+                if l["access"] == "W":
+                    writes += 1
+                else:
+                    reads += 1
+                pages.add(a & ~4095)
+                bad = [k for k, ok in (("hit", l["hit"].get("kind") == "block"),
+                                       ("start", int(l["hit"].get("start", "0"), 16) == x["block"]),
+                                       ("function", l["function"].startswith("write_pages")),
+                                       ("alloc_function", l["hit"].get("alloc_function", "").startswith("alloc_buffer")),
+                                       ("first_touch", l["first_touch"] is True),
+                                       ("error_code", l["error_code"] == 6)) if not ok]  # user | write
+                if bad and len(why) < 5:
+                    why.append(f"{','.join(bad)}: " + json.dumps(l))
+            if x["file_addr"] <= a < x["file_addr"] + x["file_len"]:
+                file_faults += 1
+                if (l["access"] != "R" or l["hit"].get("kind") != "file" or l["hit"].get("path") != x["file"]
+                        or not l["function"].startswith("read_file")) and len(why) < 5:
+                    why.append("file fault: " + json.dumps(l))
+        if (writes, reads, len(pages)) != (x["pages"], 0, x["pages"]):
+            why.append(f"buffer: {writes} write and {reads} read faults on {len(pages)} pages, want "
+                       f"{x['pages']}, 0, {x['pages']}")
+        if not 1 <= file_faults <= x["file_len"] // 4096:
+            why.append(f"{file_faults} faults on the file mapping")
+        if xf == 0:
+            why.append("no instruction-fetch (X) fault")
+        figures = (f"{len(trace)} trace lines: buffer {writes} W faults on {len(pages)} pages, 0 R; "
+                   f"file {file_faults} R; {xf} X at their pc")
+    why += fault_report_check(rep, x, file_faults)
+    ps = [p for p in rep.get("processes", []) if p.get("comm") == "fault_target"]
+    if ps and "faults" in ps[0]:
+        f = ps[0]["faults"]
+        site = fault_site(f.get("by_stack", []), "alloc_buffer") or {}
+        figures += (("; " if figures else "") + f"report: {f['total']} faults ({f['read']} R, {f['write']} W, "
+                    f"{f.get('instruction', '?')} X), alloc_buffer < main: {site.get('pages')} pages, "
+                    f"{site.get('faults')} faults, {site.get('writes')} W")
+    return not why, "; ".join(why) if why else figures
+
+
 def explain_result(sec):
     """--explain-probes on Debian 12's arm64 libc.so.6 (2.36): the analysis
     runs (no "not supported" line); free on its first instruction, cbz x0,
@@ -385,10 +551,12 @@ def cmd_test(a):
         rows.append((prefix.replace("Launch.", "LaunchCountsExactly"), ok, why))
     rows.append(("threads4.LaunchCountsExactly", *threads_result(sec, 4, 20)))
     rows.append(("dyn.LeakStackThroughMain", *stack_result(sec, "alloc_rounds")))
+    rows.append(("faults.TraceChargesEveryPageOnce", *faults_result(sec, "faults.Trace")))
+    rows.append(("faults.ReportChargesEveryPageOnce", *faults_result(sec, "faults.Report")))
     rows.append(("probes.ExplainProbes", *explain_result(sec)))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
-    for name, want_rc in (("notyet.Faults", 2), ("notyet.UnwindCfi", 2),
+    for name, want_rc in (("notyet.Rearm", 2), ("notyet.UnwindCfi", 2),
                           ("notyet.Track", 2)):
         rc, body = sec.get(name, (None, ""))
         ok = rc == want_rc and NOT_YET in body
@@ -400,6 +568,8 @@ def cmd_test(a):
     for name, ok, detail in rows:
         if name.startswith("notyet.") and ok:
             print(f"PASS {name} (says: {detail})")
+        elif name.startswith("faults.") and ok:
+            print(f"PASS {name} ({detail})")
         else:
             print(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok or not detail else ": " + detail.replace("\n", "\n    ")))
     done = "@@DONE" in text
