@@ -19,7 +19,8 @@ test: the guest holds the arm64 build's static memtrace-bpf, the test
     the multiarch dirs); it runs --check, launch traces with exact counts,
     page faults (tests/faults/fault_target, cross-compiled here: the arm64
     build leaves tests/faults out) with every page of the buffer charged
-    exactly once, and the features not written for arm64 yet (which must say
+    exactly once and one record per user fault (against handle_mm_fault's
+    calls from a tracefs kprobe), and the features not written for arm64 yet (which must say
     so in one line).
     One result per test; exit 1 if any failed or the VM did not finish.
 """
@@ -254,7 +255,18 @@ faults() {  # NAME OPTION
   echo "@@END $1 $rc"
   rm -f /tmp/fault.dat
 }
+# The kernel's own count beside it: every handle_mm_fault call of
+# fault_target, from a tracefs kprobe on the same function (address, flags).
+T=/sys/kernel/tracing
+echo 'p:mt_hmf handle_mm_fault addr=%x1 flags=%x2:u32' > $T/kprobe_events &&
+  echo 'comm == "fault_target"' > $T/events/kprobes/mt_hmf/filter &&
+  echo 1 > $T/events/kprobes/mt_hmf/enable
 faults faults.Trace --trace-faults
+echo 0 > $T/events/kprobes/mt_hmf/enable
+echo "@@BEGIN faults.Calls"
+grep ' mt_hmf: ' $T/trace | sed 's/.*addr=\(0x[0-9a-f]*\) flags=\([0-9]*\).*/\1 \2/'
+echo "@@END faults.Calls $?"
+echo > $T/kprobe_events
 faults faults.Report --faults
 
 # The probe placement analysis (capstone arm64, the kernel's simulation rules)
@@ -524,6 +536,41 @@ def explain_result(sec):
     return True, free.group(0).strip()[:90] + "; " + malloc.group(0).strip()[:60]
 
 
+FAULT_FLAG_TRIED, FAULT_FLAG_USER, FAULT_FLAG_VMA_LOCK = 0x20, 0x40, 0x1000  # enum fault_flag, 6.1 to 6.12
+
+
+def calls_result(sec):
+    """memtrace-bpf's fault records of fault_target against the kernel's
+    handle_mm_fault calls (tracefs kprobe, same run): one record per user
+    call, less the retries (FAULT_FLAG_TRIED, and a call without
+    FAULT_FLAG_VMA_LOCK that repeats the thread's VMA-locked try)."""
+    rc, body = sec.get("faults.Calls", (None, ""))
+    calls = [l.split() for l in body.splitlines() if l.startswith("0x")]
+    if rc != 0 or not calls:
+        return False, f"no handle_mm_fault calls from the tracefs kprobe (exit {rc}): " + body[-500:]
+    user = tried = vma_locked = retried = 0
+    last = None
+    for addr, flags in calls:
+        f = int(flags)
+        if not f & FAULT_FLAG_USER:
+            continue
+        user += 1
+        if f & FAULT_FLAG_TRIED:
+            tried += 1
+        elif f & FAULT_FLAG_VMA_LOCK:
+            vma_locked += 1
+            last = addr
+        elif addr == last:
+            retried += 1
+            last = None
+    js = sec.get("faults.Trace", (None, ""))[1].partition("@@STDOUT\n")[0]
+    records = sum(1 for l in js.split("\n") if l.startswith("{") and '"address"' in l)
+    want = user - tried - retried
+    figures = (f"{len(calls)} handle_mm_fault calls, {user} user ({vma_locked} under the VMA lock, {tried} TRIED, "
+               f"{retried} retried under the mmap lock): {want} faults; {records} records")
+    return records == want, figures
+
+
 def cmd_test(a):
     build = os.path.abspath(a.build)
     cache = os.path.join(build, "kernels")
@@ -553,6 +600,7 @@ def cmd_test(a):
     rows.append(("dyn.LeakStackThroughMain", *stack_result(sec, "alloc_rounds")))
     rows.append(("faults.TraceChargesEveryPageOnce", *faults_result(sec, "faults.Trace")))
     rows.append(("faults.ReportChargesEveryPageOnce", *faults_result(sec, "faults.Report")))
+    rows.append(("faults.OneRecordPerUserFault", *calls_result(sec)))
     rows.append(("probes.ExplainProbes", *explain_result(sec)))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
