@@ -617,7 +617,10 @@ __attribute__((constructor)) static void agent_init(void) {
     close(fd);
     return;
   }
-  void* m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* MAP_POPULATE: the ring's pages (allocated by the loader) mapped now,
+   * while the loader holds the process stopped, not one fault at a time
+   * in the first lap of the hooks' writes. */
+  void* m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (m == MAP_FAILED) return;
   struct mt_inj_hdr* r = (struct mt_inj_hdr*)m;
