@@ -93,7 +93,7 @@ static uint64_t now_ns(void) {
 /* A record's time: the TSC where the loader said the kernel keeps time by
  * it (~10 ns against ~24 for clock_gettime's vDSO here; the loader converts),
  * else CLOCK_MONOTONIC. */
-static int g_tsc;
+static int g_tsc __attribute__((unused)); /* x86-64 only */
 static inline uint64_t now_ts(void) {
 #if defined(__x86_64__)
   if (LIKELY(g_tsc)) return __builtin_ia32_rdtsc();
