@@ -784,6 +784,11 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 
 	if (tgid == self_pid)
 		return 0;
+	/* The old image's unwind mappings describe an address space that is
+	 * gone: until the loader publishes the new one, rows come through the
+	 * new image's VMAs (bpf/unwind.bpf.h). */
+	bpf_map_delete_elem(&unwind_procs, &tgid);
+	bpf_map_delete_elem(&unwind_lazy_gen, &tgid);
 	/* A call of the old image in flight (its return was never seen) ends
 	 * with the image: not a missed return of the new one. */
 	struct mt_inflight *cur = inflight_get(0);
@@ -948,6 +953,7 @@ int mt_exit(__u64 *ctx)
 	if (!group_exit(task, ctx))
 		return 0;
 	bpf_map_delete_elem(&targets, &tgid);
+	bpf_map_delete_elem(&unwind_lazy_gen, &tgid);
 	struct signal_struct *sig = BPF_CORE_READ(task, signal);
 	__s32 code = BPF_CORE_READ(task, exit_code);
 	if (BPF_CORE_READ(sig, flags) & 0x4 /* SIGNAL_GROUP_EXIT */)

@@ -283,6 +283,31 @@ struct mt_unwind_proc {
 	struct mt_unwind_mapping m[MT_UNWIND_MAX_MAPPINGS];
 };
 
+/* unwind_files map: every file whose rows are loaded, by the kernel's
+ * identity of it (the superblock's dev_t as the kernel encodes it,
+ * MAJOR << 20 | MINOR, and the inode number). The BPF walk uses it for a pc
+ * that no published mapping of its process covers (a process the loader has
+ * not read yet, a library mapped since): the kernel's own VMA of the pc
+ * (bpf_find_vma) names the file and its offset, this entry its rows. */
+struct mt_unwind_file_key {
+	__u64 dev;
+	__u64 ino;
+};
+#define MT_UNWIND_FILE_SEGS 4 /* executable PT_LOADs of a file (one, nearly always) */
+struct mt_unwind_file_seg {
+	__u64 off_lo;  /* p_offset rounded down to its page */
+	__u64 off_hi;  /* p_offset + p_filesz */
+	__u64 delta;   /* p_vaddr - p_offset (mod 2^64) */
+};
+struct mt_unwind_file {
+	__u64 base;      /* row pc = ELF vaddr - base */
+	__u32 first_row; /* global row number */
+	__u32 nr_rows;
+	__u32 nseg;
+	__u32 pad;
+	struct mt_unwind_file_seg seg[MT_UNWIND_FILE_SEGS];
+};
+
 /* unwind_counters (per-CPU array): frames by method, and why stacks ended. */
 enum mt_unwind_counter {
 	MT_UC_STACKS = 0,        /* stacks unwound */
@@ -296,6 +321,8 @@ enum mt_unwind_counter {
 	MT_UC_TRUNC_READ,        /* bpf_probe_read_user of return address / rbp failed */
 	MT_UC_TRUNC_BAD_FRAME,   /* CFA not above rsp (corrupt or looping stack) */
 	MT_UC_MEMO_HITS,         /* of MT_UC_STACKS: replayed from the walk memo, not walked */
+	MT_UC_ROWS_VMA,          /* row lookups answered through the pc's VMA and unwind_files
+				  * (no published mapping covered the pc) */
 	MT_UC_COUNT,
 };
 

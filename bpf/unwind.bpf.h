@@ -57,6 +57,45 @@ struct {
 	__type(value, struct mt_unwind_proc);
 } unwind_procs SEC(".maps");
 
+/* Files whose rows are loaded, by (dev, inode) (struct mt_unwind_file):
+ * written by the loader as it loads and frees rows. For a pc no published
+ * mapping covers, the walk asks the kernel for the pc's VMA and finds the
+ * rows here, so a process is unwound by tables from its first allocation,
+ * before the loader has read its mappings (system-wide, a build's short
+ * processes often exit before that), as long as the files it maps are
+ * loaded for some other process (or were, in the last kKeepSeconds). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct mt_unwind_file_key);
+	__type(value, struct mt_unwind_file);
+} unwind_files SEC(".maps");
+
+/* A process with no published value walks with an empty one (no mappings:
+ * every row from its VMAs), stamped with a gen of its own for the row
+ * caches: 0x80000000 | cpu << 24 | a per-CPU count (the loader's gens
+ * count up from 1 and stay far below), made once per process image and
+ * dropped at its exec and exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); /* tgid */
+	__type(value, __u32);
+} unwind_lazy_gen SEC(".maps");
+
+struct mt_unwind_noproc {
+	struct mt_unwind_proc p; /* nr 0; gen: the walking process's */
+	__u32 next;              /* this CPU's count of gens made */
+	__u32 pad;
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_unwind_noproc);
+} unwind_noproc SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 #ifdef MT_UNWIND_CACHE_STATS
@@ -508,15 +547,42 @@ static long mt_bsearch_row_step(__u64 i, void *arg)
 	return 0;
 }
 
-/* Row for pc in proc's mappings: fills *row, returns 0; -1 if none. */
+/* Row for pc in mapping m (which covers pc): fills *row, returns 0; -2 if
+ * none. */
+static __always_inline int mt_unwind_rows_find(const struct mt_unwind_mapping *m, __u64 pc,
+					       struct mt_unwind_row *row)
+{
+	struct mt_bsearch b = {};
+	struct mt_unwind_row *r;
+	__u32 first;
+	__u64 rel;
+
+	if (m->nr_rows == 0 || pc < m->bias)
+		return -2;
+	rel = pc - m->bias;
+	if (rel > 0xffffffffULL)
+		return -2;
+	first = m->first_row;
+	b.lo = first;
+	b.hi = first + m->nr_rows;
+	b.x = rel;
+	bpf_loop(MT_UNWIND_ROW_STEPS, mt_bsearch_row_step, &b, 0);
+	if (b.lo <= first)
+		return -2;
+	r = mt_row(b.lo - 1);
+	if (!r)
+		return -2;
+	*row = *r;
+	return 0;
+}
+
+/* Row for pc in proc's mappings: fills *row, returns 0; -1 if no mapping
+ * with rows covers pc, -2 if one does but has no row for it. */
 static __always_inline int mt_unwind_find_row(struct mt_unwind_proc *proc, __u64 pc,
 					      struct mt_unwind_row *row)
 {
 	struct mt_bsearch b = {};
 	struct mt_unwind_mapping *m;
-	struct mt_unwind_row *r;
-	__u32 first, idx;
-	__u64 rel;
 
 	b.hi = proc->nr;
 	if (b.hi > MT_UNWIND_MAX_MAPPINGS)
@@ -527,25 +593,66 @@ static __always_inline int mt_unwind_find_row(struct mt_unwind_proc *proc, __u64
 	if (b.lo == 0)
 		return -1;
 	m = &proc->m[(b.lo - 1) & (MT_UNWIND_MAX_MAPPINGS - 1)];
-	if (pc >= m->end || m->nr_rows == 0 || pc < m->bias)
+	/* A mapping without rows may be stale too: ld.so's reservation of a
+	 * library's extent, which the library's code mappings replaced since */
+	if (pc >= m->end || m->nr_rows == 0)
 		return -1;
-	rel = pc - m->bias;
-	if (rel > 0xffffffffULL)
-		return -1;
-	first = m->first_row;
-	b.lo = first;
-	b.hi = first + m->nr_rows;
-	b.x = rel;
-	b.proc = 0;
-	bpf_loop(MT_UNWIND_ROW_STEPS, mt_bsearch_row_step, &b, 0);
-	if (b.lo <= first)
-		return -1;
-	idx = b.lo - 1;
-	r = mt_row(idx);
-	if (!r)
-		return -1;
-	*row = *r;
+	return mt_unwind_rows_find(m, pc, row);
+}
+
+/* The pc's VMA -> its file in unwind_files -> the mapping it would have. */
+struct mt_vma_rows {
+	struct mt_unwind_mapping m;
+	int found;
+};
+
+static long mt_unwind_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct mt_vma_rows *a = data;
+	struct mt_unwind_file_key k = {};
+	struct mt_unwind_file *f;
+	struct file *file = BPF_CORE_READ(vma, vm_file);
+	__u64 off, start;
+
+	if (!file)
+		return 0;
+	k.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	k.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	f = bpf_map_lookup_elem(&unwind_files, &k);
+	if (!f)
+		return 0;
+	start = BPF_CORE_READ(vma, vm_start);
+	off = BPF_CORE_READ(vma, vm_pgoff) << 12;
+	for (int i = 0; i < MT_UNWIND_FILE_SEGS; i++) {
+		if (i >= f->nseg)
+			break;
+		if (off >= f->seg[i].off_lo && off < f->seg[i].off_hi) {
+			/* the loader's load bias (UnwindMaps::add_mapping) */
+			a->m.start = start;
+			a->m.end = BPF_CORE_READ(vma, vm_end);
+			a->m.bias = start - off - f->seg[i].delta + f->base;
+			a->m.first_row = f->first_row;
+			a->m.nr_rows = f->nr_rows;
+			a->found = 1;
+			break;
+		}
+	}
 	return 0;
+}
+
+/* Row for pc from the current task's VMA of it (no published mapping
+ * covers pc): 0 and *row, or -1. A global function (verified once). */
+__attribute__((noinline)) int mt_unwind_vma_row(__u64 pc, struct mt_unwind_row *row)
+{
+	struct mt_vma_rows a = {};
+
+	if (!row)
+		return -1;
+	if (bpf_find_vma(bpf_get_current_task_btf(), pc, mt_unwind_vma_cb, &a, 0) || !a.found)
+		return -1;
+	if (pc < a.m.start || pc >= a.m.end)
+		return -1;
+	return mt_unwind_rows_find(&a.m, pc, row) ? -1 : 0;
 }
 
 /* L1 (unwind_rc) miss: the L2 cache, else the binary searches. A global
@@ -567,8 +674,13 @@ __attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __
 		*row = ce->row;
 		return MT_ROW_CFA(&ce->row) == MT_CFA_NONE ? -1 : 0;
 	}
-	if (mt_unwind_find_row(proc, lookup, &r) != 0)
-		r.kind = MT_CFA_NONE;
+	{
+		int f = mt_unwind_find_row(proc, lookup, &r);
+		if (f == -1 && mt_unwind_vma_row(lookup, &r) == 0)
+			mt_unwind_count(MT_UC_ROWS_VMA);
+		else if (f)
+			r.kind = MT_CFA_NONE;
+	}
 	if (ce) {
 		ce->pc = lookup;
 		ce->gen = gen;
@@ -1011,6 +1123,34 @@ __attribute__((noinline)) int mt_memo_lookup(struct mt_unwind_win *win, struct m
 	return -1;
 }
 
+/* The empty value a process without a published one walks with, under its
+ * own gen (see unwind_lazy_gen). */
+static __always_inline struct mt_unwind_proc *mt_unwind_noproc(__u32 tgid)
+{
+	struct mt_unwind_noproc *p;
+	__u32 zero = 0, *g, gen;
+
+	p = bpf_map_lookup_elem(&unwind_noproc, &zero);
+	if (!p)
+		return 0;
+	g = bpf_map_lookup_elem(&unwind_lazy_gen, &tgid);
+	if (g) {
+		gen = *g;
+	} else {
+		p->next++;
+		gen = 0x80000000u | (bpf_get_smp_processor_id() & 127) << 24 | (p->next & 0xffffff);
+		if (bpf_map_update_elem(&unwind_lazy_gen, &tgid, &gen, BPF_NOEXIST)) {
+			g = bpf_map_lookup_elem(&unwind_lazy_gen, &tgid); /* another CPU's */
+			if (!g)
+				return 0;
+			gen = *g;
+		}
+	}
+	p->p.nr = 0;
+	p->p.gen = gen;
+	return &p->p;
+}
+
 static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 					 struct mt_stack *out)
 {
@@ -1092,11 +1232,14 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 			win->first_hint[hs & (MT_FIRST_HINTS - 1)] = k->first_len;
 		return mt_unwind_done(k->nr, k->frames_fp, k->reason);
 	}
-	/* A miss: the walk needs this process's tables (none: the caller's
-	 * frame-pointer walk; its window was read for nothing, rare). */
+	/* A miss: the walk needs this process's tables; none published yet:
+	 * an empty value, every row through the pc's VMA (mt_unwind_vma_row). */
 	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
-	if (!proc)
-		return -1;
+	if (!proc) {
+		proc = mt_unwind_noproc(tgid);
+		if (!proc)
+			return -1;
+	}
 	io->gen = proc->gen;
 	slot = k->slot;
 	e = bpf_map_lookup_elem(&unwind_memo, &slot);

@@ -327,6 +327,7 @@ Result<void> Tracer::load() {
                                         skel_->maps.unwind_epoch, o_.unwind_mb << 20);
     if (!u) return u.error();
     unwind_ = std::move(*u);
+    unwind_->set_files_map(bpf_map__fd(skel_->maps.unwind_files));
   }
   return {};
 }
@@ -887,7 +888,7 @@ report::Drops Tracer::drops() {
         "unwind_stacks",        "unwind_frames_cfi",     "unwind_frames_fp",
         "unwind_end_outermost", "unwind_end_zero",       "unwind_trunc_depth",
         "unwind_trunc_no_table", "unwind_trunc_unsupported", "unwind_trunc_read",
-        "unwind_trunc_bad_frame", "unwind_memo_hits"};
+        "unwind_trunc_bad_frame", "unwind_memo_hits",      "unwind_rows_from_vma"};
     for (int c = 0; c < MT_UC_COUNT; c++) {
       uint32_t key = c;
       uint64_t sum = 0;

@@ -5,6 +5,8 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -162,6 +164,11 @@ void UnwindMaps::sweep(bool all) {
   for (auto it = loaded_.begin(); it != loaded_.end();) {
     auto& l = it->second;
     if (l.refs == 0 && (all || std::chrono::duration<double>(now - l.idle_since).count() >= kKeepSeconds)) {
+      // Out of unwind_files before the rows can be handed to another file.
+      for (const auto& f : l.files) {
+        mt_unwind_file_key k{f.dev, f.ino};
+        if (files_fd_ >= 0) bpf_map_delete_elem(files_fd_, &k);
+      }
       release(l.first, static_cast<uint32_t>(l.table->rows.size()));
       it = loaded_.erase(it);
     } else {
@@ -211,7 +218,7 @@ Result<uint32_t> UnwindMaps::load_rows(const std::shared_ptr<const CfiTable>& t)
     done += in;
   }
   load_ms_ += ms_since(t0);
-  loaded_[t.get()] = Loaded{*first, 1, t, {}};
+  loaded_[t.get()] = Loaded{*first, 1, t, {}, {}};
   return *first;
 }
 
@@ -249,11 +256,13 @@ Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vecto
     // a read at that moment sees the tail past every PT_LOAD executable
     // (libclang-cpp at 0x3819000, under load). Kept without rows (frame
     // pointers there); the real mappings come with their own events.
-    out->push_back(Mapping{m.start, m.end, 0, nullptr});
+    out->push_back(Mapping{m.start, m.end, 0, nullptr, {}});
     return {};
   }
   uint64_t load_bias = m.start - m.offset - (seg->vaddr - seg->offset);
-  Mapping mp{m.start, m.end, load_bias + table.base, table.rows.empty() ? nullptr : *t};
+  Mapping mp{m.start, m.end, load_bias + table.base, table.rows.empty() ? nullptr : *t, {}};
+  if (struct stat st; fstat(fd.get(), &st) == 0)
+    mp.file = FileKey{(uint64_t(major(st.st_dev)) << 20) | minor(st.st_dev), st.st_ino};
   out->push_back(std::move(mp));
   return {};
 }
@@ -318,6 +327,8 @@ Result<void> UnwindMaps::add_process(pid_t pid, const std::vector<ProcMapping>* 
         failed_++;
         if (!f.error().message.empty()) errors += (errors.empty() ? "" : "; ") + f.error().message;
         one[0].table = nullptr;
+      } else {
+        index_file(one[0]);
       }
     }
     fresh.push_back(std::move(one[0]));
@@ -369,6 +380,8 @@ Result<void> UnwindMaps::on_exec_mapping(pid_t pid, uint64_t start, uint64_t end
         failed_++;
         if (!f.error().message.empty()) err = f.error();
         one[0].table = nullptr;
+      } else {
+        index_file(one[0]);
       }
     }
     ms.push_back(std::move(one[0]));
@@ -389,6 +402,25 @@ void UnwindMaps::remove_process(pid_t pid) {
   if (++gen_ == 0) ++gen_;
   bump_epoch(gen_);
   sweep(false);
+}
+
+void UnwindMaps::index_file(const Mapping& m) {
+  if (files_fd_ < 0 || !m.table || m.file.ino == 0) return;
+  auto it = loaded_.find(m.table.get());
+  if (it == loaded_.end()) return;
+  auto& files = it->second.files;
+  if (std::find(files.begin(), files.end(), m.file) != files.end()) return;
+  mt_unwind_file v{};
+  v.base = m.table->base;
+  v.first_row = it->second.first;
+  v.nr_rows = static_cast<uint32_t>(m.table->rows.size());
+  for (const auto& s : m.table->segments) {
+    if (!(s.flags & PF_X) || v.nseg >= MT_UNWIND_FILE_SEGS) continue;
+    v.seg[v.nseg++] = mt_unwind_file_seg{s.offset & ~uint64_t(0xfff), s.offset + s.filesz, s.vaddr - s.offset};
+  }
+  mt_unwind_file_key k{m.file.dev, m.file.ino};
+  // A full map (8192 files) only costs those files the early rows.
+  if (bpf_map_update_elem(files_fd_, &k, &v, BPF_ANY) == 0) files.push_back(m.file);
 }
 
 void UnwindMaps::bump_epoch(uint32_t gen) {

@@ -93,17 +93,25 @@ class UnwindMaps {
                                const std::string& path = "");
   // The process exited (or its address space is gone after exec).
   void remove_process(pid_t pid);
+  // unwind_files (bpf/unwind.bpf.h; -1: none): every loaded file's rows by
+  // (dev, inode), for pcs no published mapping covers.
+  void set_files_map(int fd) { files_fd_ = fd; }
 
   UnwindStats stats() const;
   const TableStore& store() const { return store_; }
 
  private:
   UnwindMaps() = default;
+  struct FileKey {  // as the kernel names the file: i_sb->s_dev (MAJOR << 20 | MINOR), i_ino
+    uint64_t dev = 0, ino = 0;
+    bool operator==(const FileKey&) const = default;
+  };
   struct Loaded {
     uint32_t first = 0;  // global row number
     uint32_t refs = 0;
     std::shared_ptr<const CfiTable> table;  // kept while loaded (refs 0: kept kKeepSeconds)
     std::chrono::steady_clock::time_point idle_since;
+    std::vector<FileKey> files;  // its entries in unwind_files (one table, several inodes)
   };
   struct Shard {
     Fd fd;
@@ -112,7 +120,10 @@ class UnwindMaps {
   struct Mapping {
     uint64_t start, end, bias;
     std::shared_ptr<const CfiTable> table;  // null: no CFI
+    FileKey file;
   };
+  // After load_rows: the file's entry in unwind_files (once per inode).
+  void index_file(const Mapping& m);
   Result<void> add_mapping(pid_t pid, const ProcMapping& m, std::vector<Mapping>* out);
   Result<uint32_t> load_rows(const std::shared_ptr<const CfiTable>& t);
   void unref(const CfiTable* t);
@@ -129,6 +140,7 @@ class UnwindMaps {
   uint32_t max_shards_ = 0;
   int procs_fd_ = -1;
   int epoch_fd_ = -1;
+  int files_fd_ = -1;
   void bump_epoch(uint32_t gen);
   std::vector<Shard> shards_;
   std::map<uint32_t, uint32_t> free_;  // first -> count (coalesced), within space()

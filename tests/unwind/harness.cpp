@@ -113,6 +113,7 @@ Result<Run> trace(const std::vector<std::string>& argv, const Options& opt) {
     kill_child();
     return maps.error();
   }
+  if (opt.files_index) (*maps)->set_files_map(bpf_map__fd(skel->maps.unwind_files));
   Ctx ctx{&run, maps->get(), opt.stop_after_first, false, {}};
   ring_buffer* rb = ring_buffer__new(bpf_map__fd(skel->maps.rb), on_event, &ctx, nullptr);
   if (!rb) {
@@ -132,6 +133,10 @@ Result<Run> trace(const std::vector<std::string>& argv, const Options& opt) {
       for (int i = 0; i < 2000 && task_state(pid, tid) != 'T' && task_state(pid, tid) != 't'; i++)
         usleep(500);
       if (auto r = (*maps)->add_process(pid); !r) run.table_errors += r.error().message + "\n";
+      if (!opt.publish) {
+        __u32 key = static_cast<__u32>(pid);
+        bpf_map_delete_elem(bpf_map__fd(skel->maps.unwind_procs), &key);
+      }
       if (auto m = procfs::read_maps(pid)) run.maps = std::move(*m);
       kill(pid, SIGCONT);
     }

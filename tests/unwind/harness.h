@@ -29,6 +29,11 @@ struct Options {
   bool stop_after_first = false;
   int timeout_ms = 20000;
   bool self_stops = false;    // the program raises SIGSTOP itself (else: launched stopped by us)
+  // false: the program's tables are loaded, but its value in unwind_procs is
+  // removed again: as a process the loader has not read yet, every row comes
+  // through its VMAs and unwind_files.
+  bool publish = true;
+  bool files_index = true;    // false: unwind_files left empty
 };
 
 struct Run {

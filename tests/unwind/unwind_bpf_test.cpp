@@ -96,6 +96,7 @@ struct Case {
   std::vector<std::string> argv;
   bool thread = false;
   bool truncated = false;  // expected cut at MT_MAX_FRAMES
+  bool publish = true;     // false: harness::Options::publish (rows through the VMAs)
 };
 
 void check(const Case& c) {
@@ -103,6 +104,7 @@ void check(const Case& c) {
   harness::Options opt;
   opt.mark_size = kMark;
   opt.no_aslr = true;
+  opt.publish = c.publish;
   auto run = harness::trace(c.argv, opt);
   ASSERT_TRUE(run.ok()) << run.error().message;
   EXPECT_TRUE(run->table_errors.empty()) << run->table_errors;
@@ -140,6 +142,7 @@ void check(const Case& c) {
     for (auto& a : sym.aliases(s.ips.back())) found |= a == outermost || a == "__" + outermost;
     EXPECT_TRUE(found) << "outermost frame " << ours.back() << ", want " << outermost;
   }
+  if (!c.publish) EXPECT_GT(run->counters[MT_UC_ROWS_VMA], 0u) << "rows found through the VMAs";
   for (size_t i = 0; i < n; i++) {
     EXPECT_EQ(s.ips[i], gdb[i].pc) << "frame " << i << " return address";
     bool same = false;
@@ -163,6 +166,34 @@ TEST(UnwindBpf, Thread) { check({{kTarget, "thread"}, true}); }
 TEST(UnwindBpf, Recursion200Truncated) { check({{kTarget, "recurse"}, false, true}); }
 // Deeper than the old 64-frame limit, within MT_MAX_FRAMES: complete, as gdb.
 TEST(UnwindBpf, Recursion100Complete) { check({{kTarget, "recurse", "100"}}); }
+
+// A process whose mappings the loader has not published yet (system-wide, a
+// new process allocates before the loader has read its maps; a build's
+// short processes often exit before): the files' rows are loaded (for other
+// processes), and the walk finds them through the kernel's VMA of each pc
+// and unwind_files. The same stacks as gdb's, through a library and the
+// program without frame pointers.
+TEST(UnwindBpf, UnpublishedProcessUnwindsThroughItsVmas) {
+  check({{kTarget, "chain"}, false, false, false});
+  check({{kTarget, "shlib"}, false, false, false});
+  check({{UNW_DIR "/cxx_target"}, false, false, false});
+}
+
+// ... and without unwind_files the same walk has no rows: the frame-pointer
+// fallback stops in the first function without a frame pointer.
+TEST(UnwindBpf, UnpublishedProcessWithoutTheFilesIndexIsCut) {
+  MEMTRACE_REQUIRE_ROOT();
+  harness::Options opt;
+  opt.mark_size = kMark;
+  opt.publish = false;
+  opt.files_index = false;
+  auto run = harness::trace({kTarget, "chain"}, opt);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  ASSERT_EQ(run->stacks.size(), 1u);
+  EXPECT_EQ(run->counters[MT_UC_ROWS_VMA], 0u);
+  EXPECT_EQ(run->counters[MT_UC_END_OUTERMOST], 0u);
+  EXPECT_LT(run->stacks[0].ips.size(), 5u);
+}
 
 // The limit is exact: a stack of MT_MAX_FRAMES frames is complete, one frame
 // more is cut there and counted (MT_UC_TRUNC_DEPTH, MT_F_STACK_TRUNCATED).
