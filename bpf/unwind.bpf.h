@@ -548,11 +548,11 @@ static long mt_bsearch_row_step(__u64 i, void *arg)
 }
 
 /* Row for pc in mapping m (which covers pc): fills *row, returns 0; -2 if
- * none. */
+ * none. b: the caller's search state (one for both searches: the whole
+ * call chain of a probe has 512 bytes of stack on 6.1, and uses ~500). */
 static __always_inline int mt_unwind_rows_find(const struct mt_unwind_mapping *m, __u64 pc,
-					       struct mt_unwind_row *row)
+					       struct mt_unwind_row *row, struct mt_bsearch *b)
 {
-	struct mt_bsearch b = {};
 	struct mt_unwind_row *r;
 	__u32 first;
 	__u64 rel;
@@ -563,73 +563,86 @@ static __always_inline int mt_unwind_rows_find(const struct mt_unwind_mapping *m
 	if (rel > 0xffffffffULL)
 		return -2;
 	first = m->first_row;
-	b.lo = first;
-	b.hi = first + m->nr_rows;
-	b.x = rel;
-	bpf_loop(MT_UNWIND_ROW_STEPS, mt_bsearch_row_step, &b, 0);
-	if (b.lo <= first)
+	b->lo = first;
+	b->hi = first + m->nr_rows;
+	b->x = rel;
+	b->proc = 0;
+	bpf_loop(MT_UNWIND_ROW_STEPS, mt_bsearch_row_step, b, 0);
+	if (b->lo <= first)
 		return -2;
-	r = mt_row(b.lo - 1);
+	r = mt_row(b->lo - 1);
 	if (!r)
 		return -2;
 	*row = *r;
 	return 0;
 }
 
-/* Row for pc in proc's mappings: fills *row, returns 0; -1 if no mapping
- * with rows covers pc, -2 if one does but has no row for it. */
-static __always_inline int mt_unwind_find_row(struct mt_unwind_proc *proc, __u64 pc,
-					      struct mt_unwind_row *row)
+/* The mapping of proc that covers pc and has rows; null if none. */
+static __always_inline struct mt_unwind_mapping *mt_unwind_find_mapping(struct mt_unwind_proc *proc,
+									 __u64 pc, struct mt_bsearch *b)
 {
-	struct mt_bsearch b = {};
 	struct mt_unwind_mapping *m;
 
-	b.hi = proc->nr;
-	if (b.hi > MT_UNWIND_MAX_MAPPINGS)
-		b.hi = MT_UNWIND_MAX_MAPPINGS;
-	b.x = pc;
-	b.proc = proc;
-	bpf_loop(MT_UNWIND_MAP_STEPS, mt_bsearch_map_step, &b, 0);
-	if (b.lo == 0)
-		return -1;
-	m = &proc->m[(b.lo - 1) & (MT_UNWIND_MAX_MAPPINGS - 1)];
+	b->lo = 0;
+	b->hi = proc->nr;
+	if (b->hi > MT_UNWIND_MAX_MAPPINGS)
+		b->hi = MT_UNWIND_MAX_MAPPINGS;
+	b->x = pc;
+	b->proc = proc;
+	bpf_loop(MT_UNWIND_MAP_STEPS, mt_bsearch_map_step, b, 0);
+	if (b->lo == 0)
+		return 0;
+	m = &proc->m[(b->lo - 1) & (MT_UNWIND_MAX_MAPPINGS - 1)];
 	/* A mapping without rows may be stale too: ld.so's reservation of a
 	 * library's extent, which the library's code mappings replaced since */
 	if (pc >= m->end || m->nr_rows == 0)
-		return -1;
-	return mt_unwind_rows_find(m, pc, row);
+		return 0;
+	return m;
 }
 
-/* The pc's VMA -> its file in unwind_files -> the mapping it would have. */
+/* The pc's VMA -> its file in unwind_files -> the mapping it would have,
+ * in a per-CPU scratch value (the callback's context stays off the stack:
+ * 6.1 allows the whole call chain 512 bytes of stack). */
 struct mt_vma_rows {
 	struct mt_unwind_mapping m;
-	int found;
+	__u64 found;
+	struct mt_unwind_file_key key; /* the callback's lookup key */
 };
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_vma_rows);
+} unwind_vma_scratch SEC(".maps");
 
 static long mt_unwind_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
-	struct mt_vma_rows *a = data;
-	struct mt_unwind_file_key k = {};
 	struct mt_unwind_file *f;
-	struct file *file = BPF_CORE_READ(vma, vm_file);
+	struct mt_vma_rows *a;
+	/* direct (BTF) loads: BPF_CORE_READ's copies would take stack */
+	struct file *file = vma->vm_file;
+	__u32 zero = 0;
 	__u64 off, start;
 
 	if (!file)
 		return 0;
-	k.ino = BPF_CORE_READ(file, f_inode, i_ino);
-	k.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-	f = bpf_map_lookup_elem(&unwind_files, &k);
+	a = bpf_map_lookup_elem(&unwind_vma_scratch, &zero);
+	if (!a)
+		return 0;
+	a->key.ino = file->f_inode->i_ino;
+	a->key.dev = file->f_inode->i_sb->s_dev;
+	f = bpf_map_lookup_elem(&unwind_files, &a->key);
 	if (!f)
 		return 0;
-	start = BPF_CORE_READ(vma, vm_start);
-	off = BPF_CORE_READ(vma, vm_pgoff) << 12;
+	start = vma->vm_start;
+	off = vma->vm_pgoff << 12;
 	for (int i = 0; i < MT_UNWIND_FILE_SEGS; i++) {
 		if (i >= f->nseg)
 			break;
 		if (off >= f->seg[i].off_lo && off < f->seg[i].off_hi) {
 			/* the loader's load bias (UnwindMaps::add_mapping) */
 			a->m.start = start;
-			a->m.end = BPF_CORE_READ(vma, vm_end);
+			a->m.end = vma->vm_end;
 			a->m.bias = start - off - f->seg[i].delta + f->base;
 			a->m.first_row = f->first_row;
 			a->m.nr_rows = f->nr_rows;
@@ -640,31 +653,37 @@ static long mt_unwind_vma_cb(struct task_struct *task, struct vm_area_struct *vm
 	return 0;
 }
 
-/* Row for pc from the current task's VMA of it (no published mapping
- * covers pc): 0 and *row, or -1. A global function (verified once). */
-__attribute__((noinline)) int mt_unwind_vma_row(__u64 pc, struct mt_unwind_row *row)
+/* The mapping of pc made from the current task's VMA of it, for a pc no
+ * published mapping covers; null if its file's rows are not loaded. */
+static __always_inline struct mt_unwind_mapping *mt_unwind_vma_mapping(__u64 pc)
 {
-	struct mt_vma_rows a = {};
+	struct mt_vma_rows *a;
+	__u32 zero = 0;
 
-	if (!row)
-		return -1;
-	if (bpf_find_vma(bpf_get_current_task_btf(), pc, mt_unwind_vma_cb, &a, 0) || !a.found)
-		return -1;
-	if (pc < a.m.start || pc >= a.m.end)
-		return -1;
-	return mt_unwind_rows_find(&a.m, pc, row) ? -1 : 0;
+	a = bpf_map_lookup_elem(&unwind_vma_scratch, &zero);
+	if (!a)
+		return 0;
+	a->found = 0;
+	if (bpf_find_vma(bpf_get_current_task_btf(), pc, mt_unwind_vma_cb, 0, 0) || !a->found)
+		return 0;
+	if (pc < a->m.start || pc >= a->m.end)
+		return 0;
+	return &a->m;
 }
 
 /* L1 (unwind_rc) miss: the L2 cache, else the binary searches. A global
  * function: verified once, not once per path of the frame step that calls
  * it; the call (~10 ns) is paid on ~1% of frames. Fills *row, returns 0;
- * -1: no row. */
+ * -1: no row; 1: no published mapping with rows covers lookup (the caller
+ * asks mt_unwind_vma_miss; nothing cached). */
 __attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __u64 lookup,
 						  __u32 gen, struct mt_unwind_row *row)
 {
 	__u32 slot = (__u32)(((lookup ^ ((__u64)gen << 32)) * 0xC2B2AE3D27D4EB4FULL) >> 40) &
 		     (MT_UNWIND_CACHE_ENTRIES - 1);
 	struct mt_unwind_cache_ent *ce;
+	struct mt_unwind_mapping *m;
+	struct mt_bsearch b = {};
 	struct mt_unwind_row r = {};
 
 	if (!proc || !row)
@@ -674,13 +693,41 @@ __attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __
 		*row = ce->row;
 		return MT_ROW_CFA(&ce->row) == MT_CFA_NONE ? -1 : 0;
 	}
-	{
-		int f = mt_unwind_find_row(proc, lookup, &r);
-		if (f == -1 && mt_unwind_vma_row(lookup, &r) == 0)
-			mt_unwind_count(MT_UC_ROWS_VMA);
-		else if (f)
-			r.kind = MT_CFA_NONE;
+	m = mt_unwind_find_mapping(proc, lookup, &b);
+	if (!m)
+		return 1;
+	if (mt_unwind_rows_find(m, lookup, &r, &b))
+		r.kind = MT_CFA_NONE;
+	if (ce) {
+		ce->pc = lookup;
+		ce->gen = gen;
+		ce->row = r;
 	}
+	*row = r;
+	return MT_ROW_CFA(&r) == MT_CFA_NONE ? -1 : 0;
+}
+
+/* mt_unwind_row_miss found no published mapping of lookup: the mapping its
+ * VMA gives, the row there, into the L2 cache. A global function of its
+ * own, called from the step: a probe's whole call chain has 512 bytes of
+ * stack on 6.1 (~500 used), so this is not one call deeper. */
+__attribute__((noinline)) int mt_unwind_vma_miss(__u64 lookup, __u32 gen, struct mt_unwind_row *row)
+{
+	__u32 slot = (__u32)(((lookup ^ ((__u64)gen << 32)) * 0xC2B2AE3D27D4EB4FULL) >> 40) &
+		     (MT_UNWIND_CACHE_ENTRIES - 1);
+	struct mt_unwind_cache_ent *ce;
+	struct mt_unwind_mapping *m;
+	struct mt_bsearch b = {};
+	struct mt_unwind_row r = {};
+
+	if (!row)
+		return -1;
+	m = mt_unwind_vma_mapping(lookup);
+	if (!m || mt_unwind_rows_find(m, lookup, &r, &b))
+		r.kind = MT_CFA_NONE;
+	else
+		mt_unwind_count(MT_UC_ROWS_VMA);
+	ce = bpf_map_lookup_elem(&unwind_row_cache, &slot);
 	if (ce) {
 		ce->pc = lookup;
 		ce->gen = gen;
@@ -716,7 +763,10 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 #ifdef MT_UNWIND_CACHE_STATS
 			mt_unwind_count(MT_UC_COUNT + 2);
 #endif
-			if (mt_unwind_row_miss(c->proc, lookup, c->gen, &row) != 0)
+			int rm = mt_unwind_row_miss(c->proc, lookup, c->gen, &row);
+			if (rm == 1)
+				rm = mt_unwind_vma_miss(lookup, c->gen, &row);
+			if (rm != 0)
 				row.kind = MT_CFA_NONE;
 			ce->pc = lookup;
 			ce->gen = c->gen;
@@ -1233,7 +1283,7 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 		return mt_unwind_done(k->nr, k->frames_fp, k->reason);
 	}
 	/* A miss: the walk needs this process's tables; none published yet:
-	 * an empty value, every row through the pc's VMA (mt_unwind_vma_row). */
+	 * an empty value, every row through the pc's VMA (mt_unwind_vma_mapping). */
 	proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	if (!proc) {
 		proc = mt_unwind_noproc(tgid);

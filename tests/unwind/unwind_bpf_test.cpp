@@ -142,7 +142,9 @@ void check(const Case& c) {
     for (auto& a : sym.aliases(s.ips.back())) found |= a == outermost || a == "__" + outermost;
     EXPECT_TRUE(found) << "outermost frame " << ours.back() << ", want " << outermost;
   }
-  if (!c.publish) EXPECT_GT(run->counters[MT_UC_ROWS_VMA], 0u) << "rows found through the VMAs";
+  if (!c.publish) {
+    EXPECT_GT(run->counters[MT_UC_ROWS_VMA], 0u) << "rows found through the VMAs";
+  }
   for (size_t i = 0; i < n; i++) {
     EXPECT_EQ(s.ips[i], gdb[i].pc) << "frame " << i << " return address";
     bool same = false;
