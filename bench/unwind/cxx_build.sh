@@ -8,7 +8,8 @@
 # every drop counter that is not zero, table failures, errors and the tool's
 # memory. A known program (tests/targets/alloc_rounds, --rounds 0 and
 # --rounds $KNOWN_ROUNDS) runs once the build is $KNOWN_AFTER s in: its
-# counts must be exact and its leak stacks complete through main.
+# counts must be exact and its leak stacks complete through main. KEEP=FILE
+# keeps the JSON report.
 #   bench/unwind/cxx_build.sh [BUILD_DIR] [TARGETS...]     (root)
 set -e
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -47,6 +48,7 @@ traced=$(echo "$(date +%s.%N) - $start" | bc)
 wait $kpid
 kill -INT $tool
 wait $tool || true
+[ -n "$KEEP" ] && cp "$TMP/r.json" "$KEEP"
 python3 - "$TMP/r.json" "$plain" "$traced" "$TMP/tool.err" "$TMP" "${KNOWN_ROUNDS:-200}" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -67,9 +69,9 @@ print("errors:", len(d.get("errors", [])), d.get("errors", [])[:3])
 print("rows found through VMAs (no published mapping yet):", s.get("unwind_rows_from_vma"),
       "; mappings_not_captured:", s.get("mappings_not_captured"))
 # The known program: counts exact, leak stacks complete through main.
-def proc(r):
+def proc(r):  # the image of alloc_rounds (the pid's first image is the shell's fork)
     pid = int(open(f"{tmp}/known.{r}.pid").read())
-    return next((p for p in d["processes"] if p["pid"] == pid), None)
+    return next((p for p in d["processes"] if p["pid"] == pid and p["comm"] == "alloc_rounds"), None)
 per = dict(w.split("=") for w in open(f"{tmp}/known.{rounds}").read().split() if "=" in w)
 p0, p1 = proc(0), proc(rounds)
 want = {"allocs": rounds * int(per["allocs"]), "frees": rounds * int(per["frees"]),

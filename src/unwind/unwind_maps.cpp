@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -116,7 +117,7 @@ Result<void> UnwindMaps::add_shards(size_t k) {
 }
 
 Result<uint32_t> UnwindMaps::alloc(uint32_t n) {
-  for (int attempt = 0;; attempt++) {
+  auto take = [&]() -> std::optional<uint32_t> {
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second < n) continue;
       uint32_t first = it->first, count = it->second;
@@ -124,24 +125,41 @@ Result<uint32_t> UnwindMaps::alloc(uint32_t n) {
       if (count > n) free_[first + n] = count - n;
       return first;
     }
-    if (attempt == 0) {
-      sweep(true);  // rows of files no one maps any more
-      continue;
-    }
-    // Grow: the free range at the end of the space (if any) plus new shards.
+    return std::nullopt;
+  };
+  // Shards to add for n rows: the free range at the end of the space (if
+  // any) plus new ones; 0 if that would pass the cap.
+  auto to_add = [&]() -> size_t {
     uint32_t tail = 0;
     if (!free_.empty()) {
       auto last = std::prev(free_.end());
       if (last->first + last->second == space()) tail = last->second;
     }
     size_t add = (n - tail + kShardRows - 1) / kShardRows;
-    if ((shards_.size() + add) * kShardBytes > cap_bytes_ || shards_.size() + add > max_shards_) {
-      return Error::msg("its table (" + mib(size_t(n) * sizeof(mt_unwind_row)) +
-                        ") would pass the cap on unwind tables (" + mib(cap_bytes_) +
-                        ", --unwind-mb); frame pointers there");
-    }
+    if ((shards_.size() + add) * kShardBytes > cap_bytes_ || shards_.size() + add > max_shards_) return 0;
+    return add;
+  };
+  if (auto f = take()) return *f;
+  sweep(false);  // rows idle past kKeepSeconds
+  if (auto f = take()) return *f;
+  // Grow before dropping the rows kept for files no process maps now: a
+  // build runs ar, as and their plugins (libLLVM: 2M rows, ~200 ms to
+  // build) again within the minute, and a process allocates in a new
+  // file's static constructors before the loader has its rows.
+  if (size_t add = to_add()) {
     if (auto r = add_shards(add); !r) return r.error();
+    if (auto f = take()) return *f;
   }
+  sweep(true);
+  if (auto f = take()) return *f;
+  size_t add = to_add();
+  if (add == 0)
+    return Error::msg("its table (" + mib(size_t(n) * sizeof(mt_unwind_row)) +
+                      ") would pass the cap on unwind tables (" + mib(cap_bytes_) +
+                      ", --unwind-mb); frame pointers there");
+  if (auto r = add_shards(add); !r) return r.error();
+  if (auto f = take()) return *f;
+  return Error::msg("no room for " + std::to_string(n) + " unwind rows");
 }
 
 void UnwindMaps::release(uint32_t first, uint32_t n) {

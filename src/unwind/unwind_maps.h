@@ -76,7 +76,7 @@ class UnwindMaps {
   static constexpr size_t kShardBytes = size_t(kShardRows) * sizeof(mt_unwind_row);
   // 8 MiB, the old fixed array: python3 with its libraries several times over.
   static constexpr size_t kInitialShards = 4;
-  static constexpr double kKeepSeconds = 10;
+  static constexpr double kKeepSeconds = 60;
   ~UnwindMaps();
   UnwindMaps(const UnwindMaps&) = delete;
   UnwindMaps& operator=(const UnwindMaps&) = delete;
