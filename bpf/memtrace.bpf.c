@@ -977,6 +977,28 @@ int mt_exit(__u64 *ctx)
 #define MT_VM_WRITE 0x2
 #define MT_VM_EXEC 0x4
 
+/* The fault record, the same on every architecture. */
+static __always_inline int emit_fault(__u64 pid_tgid, __u32 flags, __u64 address, __u64 ip,
+				      __u64 error_code)
+{
+	struct mt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count(MT_C_FAULT_RINGBUF_FULL);
+		return 0;
+	}
+	fill_hdr(&e->h, MT_EV_FAULT, flags, pid_tgid);
+	e->addr = address;
+	e->size = 0;
+	e->old_addr = ip;
+	e->old_size = error_code;
+	e->stack_id = 0;
+	e->role = 0;
+	e->aux = 0;
+	bpf_ringbuf_submit(e, rb_flags());
+	return 0;
+}
+
 struct mt_vma_check {
 	__u64 error_code;
 	__u32 flags;
@@ -1035,7 +1057,6 @@ int BPF_KPROBE(mt_page_fault, struct vm_area_struct *vma, unsigned long address,
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	__u32 fflags = 0;
 	__u64 error_code;
-	struct mt_event *e;
 
 	if (!(flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_USER)))
 		return 0;
@@ -1079,21 +1100,7 @@ int BPF_KPROBE(mt_page_fault, struct vm_area_struct *vma, unsigned long address,
 		error_code |= MT_PF_INSTR;
 		fflags |= MT_F_FAULT_INSTR;
 	}
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count(MT_C_FAULT_RINGBUF_FULL);
-		return 0;
-	}
-	fill_hdr(&e->h, MT_EV_FAULT, fflags, pid_tgid);
-	e->addr = address;
-	e->size = 0;
-	e->old_addr = PT_REGS_IP_CORE(regs);
-	e->old_size = error_code;
-	e->stack_id = 0;
-	e->role = 0;
-	e->aux = 0;
-	bpf_ringbuf_submit(e, rb_flags());
-	return 0;
+	return emit_fault(pid_tgid, fflags, address, PT_REGS_IP_CORE(regs), error_code);
 }
 #else
 SEC("tp_btf/page_fault_user")
@@ -1102,7 +1109,6 @@ int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigne
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32;
 	struct mt_vma_check c = {.error_code = error_code};
-	struct mt_event *e;
 	long err;
 
 	if (!system_wide) {
@@ -1129,20 +1135,6 @@ int BPF_PROG(mt_page_fault, unsigned long address, struct pt_regs *regs, unsigne
 	 * VMA (the loader refuses --rearm, which needs that check). */
 	(void)err;
 #endif
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count(MT_C_FAULT_RINGBUF_FULL);
-		return 0;
-	}
-	fill_hdr(&e->h, MT_EV_FAULT, c.flags, pid_tgid);
-	e->addr = address;
-	e->size = 0;
-	e->old_addr = PT_REGS_IP_CORE(regs);
-	e->old_size = error_code;
-	e->stack_id = 0;
-	e->role = 0;
-	e->aux = 0;
-	bpf_ringbuf_submit(e, rb_flags());
-	return 0;
+	return emit_fault(pid_tgid, c.flags, address, PT_REGS_IP_CORE(regs), error_code);
 }
 #endif /* __TARGET_ARCH_arm64 */

@@ -671,6 +671,27 @@ static __always_inline struct mt_unwind_mapping *mt_unwind_vma_mapping(__u64 pc)
 	return &a->m;
 }
 
+/* The L2 row cache's slot of (lookup pc, gen). */
+static __always_inline __u32 mt_row_cache_slot(__u64 lookup, __u32 gen)
+{
+	return (__u32)(((lookup ^ ((__u64)gen << 32)) * 0xC2B2AE3D27D4EB4FULL) >> 40) &
+	       (MT_UNWIND_CACHE_ENTRIES - 1);
+}
+
+/* Keeps row r of (lookup, gen) in L2 entry ce (if any), copies it out:
+ * 0, or -1 for no row. */
+static __always_inline int mt_row_cache_put(struct mt_unwind_cache_ent *ce, __u64 lookup, __u32 gen,
+					    const struct mt_unwind_row *r, struct mt_unwind_row *row)
+{
+	if (ce) {
+		ce->pc = lookup;
+		ce->gen = gen;
+		ce->row = *r;
+	}
+	*row = *r;
+	return MT_ROW_CFA(r) == MT_CFA_NONE ? -1 : 0;
+}
+
 /* L1 (unwind_rc) miss: the L2 cache, else the binary searches. A global
  * function: verified once, not once per path of the frame step that calls
  * it; the call (~10 ns) is paid on ~1% of frames. Fills *row, returns 0;
@@ -679,8 +700,7 @@ static __always_inline struct mt_unwind_mapping *mt_unwind_vma_mapping(__u64 pc)
 __attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __u64 lookup,
 						  __u32 gen, struct mt_unwind_row *row)
 {
-	__u32 slot = (__u32)(((lookup ^ ((__u64)gen << 32)) * 0xC2B2AE3D27D4EB4FULL) >> 40) &
-		     (MT_UNWIND_CACHE_ENTRIES - 1);
+	__u32 slot = mt_row_cache_slot(lookup, gen);
 	struct mt_unwind_cache_ent *ce;
 	struct mt_unwind_mapping *m;
 	struct mt_bsearch b = {};
@@ -698,13 +718,7 @@ __attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __
 		return 1;
 	if (mt_unwind_rows_find(m, lookup, &r, &b))
 		r.kind = MT_CFA_NONE;
-	if (ce) {
-		ce->pc = lookup;
-		ce->gen = gen;
-		ce->row = r;
-	}
-	*row = r;
-	return MT_ROW_CFA(&r) == MT_CFA_NONE ? -1 : 0;
+	return mt_row_cache_put(ce, lookup, gen, &r, row);
 }
 
 /* mt_unwind_row_miss found no published mapping of lookup: the mapping its
@@ -713,8 +727,7 @@ __attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __
  * stack on 6.1 (~500 used), so this is not one call deeper. */
 __attribute__((noinline)) int mt_unwind_vma_miss(__u64 lookup, __u32 gen, struct mt_unwind_row *row)
 {
-	__u32 slot = (__u32)(((lookup ^ ((__u64)gen << 32)) * 0xC2B2AE3D27D4EB4FULL) >> 40) &
-		     (MT_UNWIND_CACHE_ENTRIES - 1);
+	__u32 slot = mt_row_cache_slot(lookup, gen);
 	struct mt_unwind_cache_ent *ce;
 	struct mt_unwind_mapping *m;
 	struct mt_bsearch b = {};
@@ -728,13 +741,7 @@ __attribute__((noinline)) int mt_unwind_vma_miss(__u64 lookup, __u32 gen, struct
 	else
 		mt_unwind_count(MT_UC_ROWS_VMA);
 	ce = bpf_map_lookup_elem(&unwind_row_cache, &slot);
-	if (ce) {
-		ce->pc = lookup;
-		ce->gen = gen;
-		ce->row = r;
-	}
-	*row = r;
-	return MT_ROW_CFA(&r) == MT_CFA_NONE ? -1 : 0;
+	return mt_row_cache_put(ce, lookup, gen, &r, row);
 }
 
 /* One frame: from (pc, sp, bp) to the caller's; appends the return address. */
