@@ -250,6 +250,33 @@ struct mt_unwind_row {
 #define MT_ROW_CFA(r) ((r)->kind & 15)
 #define MT_ROW_RBP(r) ((r)->kind >> 4)
 
+/* arm64 rows (issue 20): the same 8 bytes, read with other register names.
+ * The return address is not at CFA-8 there: bl leaves it in x30, and a
+ * function that calls saves x30 where its prologue says (stp x29, x30,
+ * [sp, #-32]!: x29 at CFA-32, x30 at CFA-24).
+ *   kind & 15      enum mt_cfa_type on sp (MT_CFA_RSP: DWARF 31) or x29
+ *                  (MT_CFA_RBP: DWARF 29); MT_CFA_RBP_DEREF and MT_CFA_PLT
+ *                  are not made: a .plt stub is MT_CFA_RSP + 0, x30 in
+ *                  its register (no CFI, nothing pushed)
+ *   kind >> 4 & 3  enum mt_rbp_rule for x29 (MT_RBP_AT_RBP is not made)
+ *   kind >> 6      enum mt_ra_rule_arm64: where x30, the return address, is
+ *   cfa_off        CFA offset / 8, as on x86-64
+ *   rbp_off        / 8: x29's slot from the CFA (MT_RBP_AT_CFA), or x30's
+ *                  (MT_RA_AT_CFA, x29 not saved there)
+ * Pointer authentication: return addresses read by the walk are masked to
+ * the user VA bits (MT_ARM64_VA_MASK), whatever DW_CFA_AARCH64_negate_ra_state
+ * said (parsed, not needed). */
+enum mt_ra_rule_arm64 {
+	MT_RA_REG = 0,     /* in x30 (the CIE's default: entry, leaf, PLT): known in the first frame only */
+	MT_RA_PAIR = 1,    /* at CFA + rbp_off * 8 + 8: saved with x29 (stp x29, x30); x29 rule MT_RBP_AT_CFA */
+	MT_RA_AT_CFA = 2,  /* at CFA + rbp_off * 8; x29 not saved in this frame (MT_RBP_SAME or UNKNOWN) */
+};
+#define MT_ROW_X29_ARM64(r) (((r)->kind >> 4) & 3)
+#define MT_ROW_RA_ARM64(r) ((r)->kind >> 6)
+/* User addresses on arm64 Linux (48-bit VA; the bits above hold a PAC or a
+ * tag): a return address signed by paciasp is stripped with it. */
+#define MT_ARM64_VA_MASK 0x0000ffffffffffffULL
+
 /* Rows live in shards of 2^MT_UNWIND_SHARD_BITS rows (2 MiB), added by
  * the loader as files need them: no fixed global limit; the loader caps
  * their sum (--unwind-mb). Global row numbers are 32 bits. */

@@ -16,6 +16,19 @@ namespace {
 // DWARF register numbers (x86-64 psABI).
 constexpr uint64_t kRegRbp = 6;
 constexpr uint64_t kRegRsp = 7;
+// aarch64 (DWARF for the Arm 64-bit architecture): x29 the frame pointer,
+// x30 the link register (the CIE's return address column), 31 sp.
+constexpr uint64_t kRegX29 = 29;
+constexpr uint64_t kRegSp64 = 31;
+
+// Which registers the rows follow: fp is the one kept as "rbp" (x86-64's
+// rbp, aarch64's x29), sp the CFA register of a function's entry.
+struct Arch {
+  bool arm64;
+  uint64_t fp, sp;
+};
+constexpr Arch kArchX86{false, kRegRbp, kRegRsp};
+constexpr Arch kArchArm64{true, kRegX29, kRegSp64};
 
 // Pointer encodings (.eh_frame, LSB "DWARF Extensions").
 constexpr uint8_t kPeAbsptr = 0x00, kPeUleb = 0x01, kPeUdata2 = 0x02, kPeUdata4 = 0x03,
@@ -156,6 +169,7 @@ struct Cie {
 struct FdeRows {
   uint64_t begin = 0, end = 0;
   bool debug_frame = false;
+  bool synthetic = false;  // made here, no FDE (aarch64 .plt): not counted as one
   std::vector<std::pair<uint64_t, mt_unwind_row>> rows;  // (vaddr, row without pc)
 };
 
@@ -233,7 +247,50 @@ RowInfo to_info(const State& s) {
   return row;
 }
 
-mt_unwind_row to_row(const State& s) { return encode_row(to_info(s)); }
+// aarch64: CFA on sp or x29; x29 saved at the CFA or not touched; x30 (the
+// return address column) still in its register (unset or same value: the
+// CIE says nothing about it, so at every entry and in leaf functions), saved
+// at the CFA, or undefined (_start, thread starts).
+RowInfo to_info_arm64(const State& s) {
+  RowInfo row;
+  row.cfa = MT_CFA_UNSUPPORTED;
+  row.rbp = MT_RBP_SAME;
+  if (s.ra.kind == Rule::kUndef) {
+    row.cfa = MT_CFA_END;
+    return row;
+  }
+  if (s.cfa_expr) return row;
+  if (s.cfa_reg == kRegSp64) row.cfa = MT_CFA_RSP;
+  else if (s.cfa_reg == kRegX29) row.cfa = MT_CFA_RBP;
+  else return row;
+  row.cfa_off = s.cfa_off;
+  switch (s.rbp.kind) {
+    case Rule::kUnset:
+    case Rule::kSame: row.rbp = MT_RBP_SAME; break;
+    case Rule::kOffset:
+      row.rbp = MT_RBP_AT_CFA;
+      row.rbp_off = s.rbp.off;
+      break;
+    default: row.rbp = MT_RBP_UNKNOWN; break;
+  }
+  switch (s.ra.kind) {
+    case Rule::kUnset:
+    case Rule::kSame: row.ra = MT_RA_REG; break;
+    case Rule::kOffset:
+      row.ra = MT_RA_AT_CFA;
+      row.ra_off = s.ra.off;
+      break;
+    default:  // in another register, an expression
+      row = RowInfo{};
+      row.cfa = MT_CFA_UNSUPPORTED;
+      break;
+  }
+  return row;
+}
+
+mt_unwind_row to_row(const State& s, const Arch& a) {
+  return a.arm64 ? encode_row_arm64(to_info_arm64(s)) : encode_row(to_info(s));
+}
 
 bool same_row(const mt_unwind_row& a, const mt_unwind_row& b) {
   return a.kind == b.kind && a.cfa_off == b.cfa_off && a.rbp_off == b.rbp_off;
@@ -244,20 +301,20 @@ bool same_row(const mt_unwind_row& a, const mt_unwind_row& b) {
 // are refused. Returns false on malformed input.
 bool run_cfa(const uint8_t* p, const uint8_t* end, const Cie& cie, const Section& sec,
              uint64_t text_addr, State& st, const State& init, uint64_t* loc, uint64_t fde_end,
-             std::vector<std::pair<uint64_t, mt_unwind_row>>* rows) {
+             std::vector<std::pair<uint64_t, mt_unwind_row>>* rows, const Arch& arch) {
   Reader r{p, end};
   std::vector<State> stack;
   auto set_rule = [&](uint64_t reg, Rule rule) {
-    if (reg == kRegRbp) st.rbp = rule;
+    if (reg == arch.fp) st.rbp = rule;
     if (reg == cie.ra_reg) st.ra = rule;
   };
   auto restore = [&](uint64_t reg) {
-    if (reg == kRegRbp) st.rbp = init.rbp;
+    if (reg == arch.fp) st.rbp = init.rbp;
     if (reg == cie.ra_reg) st.ra = init.ra;
   };
   auto advance = [&](uint64_t delta) {
     if (!rows) return false;
-    rows->emplace_back(*loc, to_row(st));
+    rows->emplace_back(*loc, to_row(st, arch));
     *loc += delta * cie.code_align;
     return true;
   };
@@ -281,7 +338,7 @@ bool run_cfa(const uint8_t* p, const uint8_t* end, const Cie& cie, const Section
       case 0x01: {       // set_loc
         uint64_t to = 0;
         if (!read_encoded(r, cie.fde_enc, sec, text_addr, &to) || to < *loc || !rows) return false;
-        rows->emplace_back(*loc, to_row(st));
+        rows->emplace_back(*loc, to_row(st, arch));
         *loc = to;
         break;
       }
@@ -328,6 +385,11 @@ bool run_cfa(const uint8_t* p, const uint8_t* end, const Cie& cie, const Section
       case 0x13: st.cfa_off = r.sleb() * cie.data_align; break;
       case 0x14: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kValOffset, int64_t(r.uleb()) * cie.data_align}); break; }
       case 0x15: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kValOffset, r.sleb() * cie.data_align}); break; }
+      case 0x2d:  // aarch64: AARCH64_negate_ra_state (x30 signed from here, or no more:
+                  // the walk strips the PAC bits of every return address anyway);
+                  // elsewhere GNU_window_save (SPARC)
+        if (!arch.arm64) return false;
+        break;
       case 0x2e: r.uleb(); break;  // GNU_args_size
       case 0x2f: { uint64_t reg = r.uleb(); set_rule(reg, Rule{Rule::kOffset, -int64_t(r.uleb()) * cie.data_align}); break; }
       default: return false;
@@ -405,7 +467,7 @@ bool parse_cie(const Section& sec, size_t off, uint64_t text_addr, Cie* cie) {
 
 // Walks a .eh_frame or .debug_frame section, appending FDE row lists.
 void parse_section(const Section& sec, uint64_t text_addr, std::vector<FdeRows>* out,
-                   size_t* skipped) {
+                   size_t* skipped, const Arch& arch) {
   size_t off = 0;
   while (off + 4 <= sec.size) {
     Reader r{sec.data + off, sec.data + sec.size};
@@ -452,21 +514,22 @@ void parse_section(const Section& sec, uint64_t text_addr, std::vector<FdeRows>*
       continue;
     }
     State init;
+    init.cfa_reg = arch.sp;
     uint64_t loc = begin;
-    bool good = run_cfa(cie.insns, cie.insns_end, cie, sec, text_addr, init, init, &loc, 0, nullptr);
+    bool good = run_cfa(cie.insns, cie.insns_end, cie, sec, text_addr, init, init, &loc, 0, nullptr, arch);
     FdeRows f;
     f.begin = begin;
     f.end = begin + range;
     f.debug_frame = !sec.eh;
     State st = init;
     loc = begin;
-    good = good && run_cfa(r.p, r.end, cie, sec, text_addr, st, init, &loc, f.end, &f.rows);
+    good = good && run_cfa(r.p, r.end, cie, sec, text_addr, st, init, &loc, f.end, &f.rows, arch);
     if (!good) {
       ++*skipped;
       off = next;
       continue;
     }
-    f.rows.emplace_back(loc, to_row(st));
+    f.rows.emplace_back(loc, to_row(st, arch));
     // Rows past the FDE's end (advance beyond the range) are dropped.
     while (!f.rows.empty() && f.rows.back().first >= f.end && f.rows.size() > 1) f.rows.pop_back();
     out->push_back(std::move(f));
@@ -474,7 +537,82 @@ void parse_section(const Section& sec, uint64_t text_addr, std::vector<FdeRows>*
   }
 }
 
+// aarch64's .plt has no CFI: a stub (adrp x16; ldr x17; add x16; br x17,
+// with bti c first when the linker adds it) moves neither sp nor x30, so
+// CFA = sp and the return address is x30. The header stub (PLT0, 32 bytes:
+// only the lazy binder's way in) stores x16 and x30 first: past that
+// stp x16, x30, [sp, #-16]! the CFA is sp + 16, x30 at CFA-8.
+FdeRows plt_rows_arm64(const uint8_t* code, size_t size, uint64_t addr) {
+  FdeRows f;
+  f.begin = addr;
+  f.end = addr + size;
+  f.synthetic = true;
+  RowInfo stub;
+  stub.cfa = MT_CFA_RSP;
+  f.rows.emplace_back(addr, encode_row_arm64(stub));
+  constexpr uint32_t kStpX16X30 = 0xa9bf7bf0;  // stp x16, x30, [sp, #-16]!
+  for (size_t i = 0; i < 2 && size >= 32 && code; i++) {
+    uint32_t w;
+    std::memcpy(&w, code + 4 * i, 4);
+    if (w != kStpX16X30) continue;
+    RowInfo saved = stub;
+    saved.cfa_off = 16;
+    saved.ra = MT_RA_AT_CFA;
+    saved.ra_off = -8;
+    f.rows.emplace_back(addr + 4 * (i + 1), encode_row_arm64(saved));
+    f.rows.emplace_back(addr + 32, encode_row_arm64(stub));
+    break;
+  }
+  return f;
+}
+
 }  // namespace
+
+mt_unwind_row encode_row_arm64(const RowInfo& in) {
+  RowInfo r = in;
+  mt_unwind_row out{};
+  auto slot_fits = [](int64_t off) { return off % 8 == 0 && off / 8 >= INT8_MIN && off / 8 <= INT8_MAX; };
+  if (r.cfa == MT_CFA_RSP || r.cfa == MT_CFA_RBP) {
+    if (r.cfa_off % 8 != 0 || r.cfa_off / 8 < INT16_MIN || r.cfa_off / 8 > INT16_MAX) r.cfa = MT_CFA_UNSUPPORTED;
+  } else if (r.cfa != MT_CFA_NONE && r.cfa != MT_CFA_END) {
+    r.cfa = MT_CFA_UNSUPPORTED;  // (no expressions kept on aarch64)
+  }
+  if (r.rbp == MT_RBP_AT_RBP || (r.rbp == MT_RBP_AT_CFA && !slot_fits(r.rbp_off))) r.rbp = MT_RBP_UNKNOWN;
+  uint8_t ra = MT_RA_REG;
+  int64_t slot = r.rbp == MT_RBP_AT_CFA ? r.rbp_off : 0;
+  if (r.ra == MT_RA_AT_CFA || r.ra == MT_RA_PAIR) {
+    if (r.rbp == MT_RBP_AT_CFA && r.ra_off == r.rbp_off + 8) {
+      ra = MT_RA_PAIR;
+    } else if (slot_fits(r.ra_off)) {
+      // one slot: x30's wins (x29 saved elsewhere is given up)
+      if (r.rbp == MT_RBP_AT_CFA) r.rbp = MT_RBP_UNKNOWN;
+      ra = MT_RA_AT_CFA;
+      slot = r.ra_off;
+    } else {
+      r.cfa = MT_CFA_UNSUPPORTED;
+    }
+  }
+  if (r.cfa != MT_CFA_RSP && r.cfa != MT_CFA_RBP) return mt_unwind_row{0, 0, r.cfa, 0};
+  out.cfa_off = static_cast<int16_t>(r.cfa_off / 8);
+  out.kind = static_cast<uint8_t>(r.cfa | (r.rbp << 4) | (ra << 6));
+  out.rbp_off = static_cast<int8_t>(slot / 8);
+  return out;
+}
+
+RowInfo decode_row_arm64(const mt_unwind_row& row) {
+  RowInfo r;
+  r.cfa = MT_ROW_CFA(&row);
+  r.rbp = MT_ROW_X29_ARM64(&row);
+  r.cfa_off = int64_t(row.cfa_off) * 8;
+  int64_t slot = int64_t(row.rbp_off) * 8;
+  if (r.rbp == MT_RBP_AT_CFA) r.rbp_off = slot;
+  switch (MT_ROW_RA_ARM64(&row)) {
+    case MT_RA_PAIR: r.ra = MT_RA_AT_CFA; r.ra_off = slot + 8; break;
+    case MT_RA_AT_CFA: r.ra = MT_RA_AT_CFA; r.ra_off = slot; break;
+    default: r.ra = MT_RA_REG; break;
+  }
+  return r;
+}
 
 mt_unwind_row encode_row(const RowInfo& in) {
   RowInfo r = in;
@@ -546,9 +684,9 @@ Result<CfiTable> build_cfi_table_fd(int fd, const std::string& what) {
 Result<CfiTable> build_cfi_table(const elf::Image& img) {
   const std::string& what = img.path();
   Elf* elf = img.elf();
-  if (img.machine() == EM_AARCH64)
-    return Error::msg("CFI tables " + what + ": not supported on aarch64 yet: CFI unwinder (arm64 register rules)");
-  if (img.machine() != EM_X86_64) return Error::msg("CFI tables " + what + ": not an x86-64 ELF file");
+  if (img.machine() != EM_X86_64 && img.machine() != EM_AARCH64)
+    return Error::msg("CFI tables " + what + ": not an x86-64 or aarch64 ELF file");
+  const Arch& arch = img.machine() == EM_AARCH64 ? kArchArm64 : kArchX86;
   size_t shstrndx = 0;
   if (elf_getshdrstrndx(elf, &shstrndx) != 0) return Error::msg("section names " + what + ": " + elf_errmsg(-1));
 
@@ -556,8 +694,10 @@ Result<CfiTable> build_cfi_table(const elf::Image& img) {
   t.path = what;
   t.build_id = img.build_id_hex();
   t.segments = img.segments();
+  t.machine = img.machine();
   Section eh_frame, debug_frame;
   uint64_t text_addr = 0;
+  std::vector<FdeRows> fdes;
   for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn; scn = elf_nextscn(elf, scn)) {
     GElf_Shdr sh;
     if (!gelf_getshdr(scn, &sh)) continue;
@@ -566,6 +706,12 @@ Result<CfiTable> build_cfi_table(const elf::Image& img) {
     bool is_eh = std::strcmp(name, ".eh_frame") == 0;
     bool is_debug = std::strcmp(name, ".debug_frame") == 0;
     if (std::strcmp(name, ".text") == 0) text_addr = sh.sh_addr;
+    if (arch.arm64 && std::strcmp(name, ".plt") == 0 && sh.sh_type == SHT_PROGBITS && sh.sh_size) {
+      Elf_Data* d = elf_getdata(scn, nullptr);
+      fdes.push_back(plt_rows_arm64(d && d->d_size == sh.sh_size ? static_cast<const uint8_t*>(d->d_buf) : nullptr,
+                                    sh.sh_size, sh.sh_addr));
+      continue;
+    }
     if ((!is_eh && !is_debug) || sh.sh_type == SHT_NOBITS) continue;
     if ((sh.sh_flags & SHF_COMPRESSED) && (!img.compressed_sections_sane() || elf_compress(scn, 0, 0) < 0)) continue;
     Elf_Data* d = elf_getdata(scn, nullptr);
@@ -577,9 +723,8 @@ Result<CfiTable> build_cfi_table(const elf::Image& img) {
     s.eh = is_eh;
   }
 
-  std::vector<FdeRows> fdes;
-  if (eh_frame.data) parse_section(eh_frame, text_addr, &fdes, &t.fdes_skipped);
-  if (debug_frame.data) parse_section(debug_frame, text_addr, &fdes, &t.fdes_skipped);
+  if (eh_frame.data) parse_section(eh_frame, text_addr, &fdes, &t.fdes_skipped, arch);
+  if (debug_frame.data) parse_section(debug_frame, text_addr, &fdes, &t.fdes_skipped, arch);
   // .eh_frame first at equal start: it is what the runtime uses.
   std::stable_sort(fdes.begin(), fdes.end(), [](const FdeRows& a, const FdeRows& b) {
     if (a.begin != b.begin) return a.begin < b.begin;
@@ -611,7 +756,7 @@ Result<CfiTable> build_cfi_table(const elf::Image& img) {
     for (auto& [vaddr, row] : f.rows)
       if (vaddr < f.end) push(vaddr, row);
     covered_to = f.end;
-    t.fdes++;
+    if (!f.synthetic) t.fdes++;
     if (f.debug_frame) t.fdes_debug_frame++;
     // Gap after this FDE: no CFI there.
     size_t j = i + 1;

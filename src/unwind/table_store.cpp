@@ -1,5 +1,6 @@
 #include "unwind/table_store.h"
 
+#include <elf.h>
 #include <sys/stat.h>
 
 namespace memtrace::unwind {
@@ -11,6 +12,13 @@ Result<std::shared_ptr<const CfiTable>> TableStore::get(int fd, const std::strin
   if (auto it = by_inode_.find(key); it != by_inode_.end()) return it->second;
   auto t = build_cfi_table_fd(fd, what);
   if (!t) return t.error();
+  // The BPF walk reads rows with this machine's registers only.
+#if defined(__aarch64__)
+  constexpr uint16_t kHost = EM_AARCH64;
+#else
+  constexpr uint16_t kHost = EM_X86_64;
+#endif
+  if (t->machine != kHost) return Error::msg("CFI tables " + what + ": not this machine's architecture");
   std::shared_ptr<const CfiTable> table;
   if (!t->build_id.empty()) {
     auto& slot = by_build_id_[t->build_id];
