@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/auxv.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -13,6 +14,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <optional>
 #include <map>
 #include <set>
 #include <thread>
@@ -49,6 +52,8 @@ std::vector<pid_t> task_ids(pid_t pid) {
   closedir(d);
   return out;
 }
+
+}  // namespace
 
 // Every thread of a process, seized and stopped; detached (with the signals
 // that arrived meanwhile handed back) when it goes out of scope.
@@ -116,6 +121,10 @@ class StoppedProcess {
   std::set<pid_t> gone_;
   std::vector<std::pair<pid_t, int>> extra_;
 };
+
+void HeldDeleter::operator()(StoppedProcess* p) const { delete p; }
+
+namespace {
 
 Result<void> mem_io(int fd, uint64_t addr, void* buf, size_t len, bool write) {
   ssize_t n = write ? pwrite(fd, buf, len, static_cast<off_t>(addr)) : pread(fd, buf, len, static_cast<off_t>(addr));
@@ -241,7 +250,101 @@ Result<uint64_t> libc_function(pid_t pid, const std::string& name) {
   return Error::msg(name + " of " + libc->path + " lies in no mapping of pid " + std::to_string(pid));
 }
 
-Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms) {
+Result<void> can_inject(pid_t pid) {
+  std::string who = "pid " + std::to_string(pid);
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  if (!status) return Error::sys("read /proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("Seccomp:", 0) == 0 && atoi(line.c_str() + 8) != 0)
+      return Error::msg(who + " runs under seccomp (mode " + std::to_string(atoi(line.c_str() + 8)) +
+                        "): the agent's syscalls could be refused or kill it");
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (yama >> scope && scope >= 3) return Error::msg("ptrace is disabled on this system (Yama ptrace_scope 3)");
+  return {};
+}
+
+Result<Held> hold_at_entry(pid_t pid, int timeout_ms) {
+  std::string who = "pid " + std::to_string(pid);
+  uint64_t entry = 0, base = 0;
+  {
+    std::ifstream aux("/proc/" + std::to_string(pid) + "/auxv", std::ios::binary);
+    uint64_t kv[2];
+    while (aux.read(reinterpret_cast<char*>(kv), sizeof kv) && kv[0] != AT_NULL) {
+      if (kv[0] == AT_ENTRY) entry = kv[1];
+      if (kv[0] == AT_BASE) base = kv[1];
+    }
+  }
+  if (!entry) return Error::msg(who + ": no entry point in /proc/" + std::to_string(pid) + "/auxv (gone?)");
+  if (!base) return Error::msg("a static program (no dynamic loader): nothing to call dlopen in");
+#if !defined(__x86_64__)
+  (void)timeout_ms;
+  return Error::msg("not supported on this architecture yet: --inject at exec (x86-64 only)");
+#else
+  Held held(new StoppedProcess(pid));
+  if (auto r = held->stop_all(); !r) return r.error();
+  if (held->count() != 1) return Error::msg(who + ": threads before its entry point (" + std::to_string(held->count()) + ")");
+  Fd mem(open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC));
+  if (!mem.valid()) return Error::sys("open /proc/" + std::to_string(pid) + "/mem");
+  uint8_t orig = 0, trap = 0xcc;
+  if (auto r = mem_io(mem.get(), entry, &orig, 1, false); !r) return r.error();
+  if (auto r = mem_io(mem.get(), entry, &trap, 1, true); !r) return r.error();
+  auto put_back = [&] { (void)mem_io(mem.get(), entry, &orig, 1, true); };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int sig = 0;
+  for (;;) {
+    if (ptrace(PTRACE_CONT, pid, nullptr, reinterpret_cast<void*>(intptr_t(sig))) != 0) {
+      put_back();
+      return Error::sys(who + ": ptrace(PTRACE_CONT) to its entry point");
+    }
+    sig = 0;
+    // Peeked first: an exit (ld.so could not load a library) is left for
+    // its parent's waitpid, not reaped here.
+    siginfo_t si{};
+    for (;;) {
+      si.si_pid = 0;
+      if (waitid(P_PID, pid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) != 0)
+        return Error::sys(who + ": waitid");
+      if (si.si_pid == pid) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        ptrace(PTRACE_INTERRUPT, pid, nullptr, nullptr);
+        int st = 0;
+        waitpid(pid, &st, __WALL);
+        put_back();
+        return Error::msg(who + ": did not reach its entry point within " + std::to_string(timeout_ms) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED) {
+      return Error::msg(who + " ended before its entry point (" +
+                        (si.si_code == CLD_EXITED ? "exit " + std::to_string(si.si_status)
+                                                  : std::string("signal ") + strsignal(si.si_status)) +
+                        ")");
+    }
+    int st = 0;
+    waitpid(pid, &st, __WALL);
+    Stop s = Stop::of(st);
+    if (s.kind == Stop::EventStop) continue;  // a group stop, or our interrupt: on
+    if (s.kind != Stop::SignalStop) continue;
+    if (s.sig == SIGTRAP) {
+      user_regs_struct regs{};
+      ptrace(PTRACE_GETREGS, pid, nullptr, &regs);
+      if (regs.rip == entry + 1) {
+        put_back();
+        regs.rip = entry;
+        if (ptrace(PTRACE_SETREGS, pid, nullptr, &regs) != 0) return Error::sys(who + ": ptrace(PTRACE_SETREGS)");
+        return held;
+      }
+    }
+    // SIGSTOP: a stop the process is already in (it restops when let go);
+    // any other signal is its own.
+    if (s.sig != SIGSTOP) sig = s.sig;
+  }
+#endif
+}
+
+Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms,
+                              StoppedProcess* held) {
   std::string where = "dlopen(" + path + ") in pid " + std::to_string(pid);
   auto dl = libc_function(pid, "dlopen");
   if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
@@ -249,8 +352,12 @@ Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* sta
   auto t0 = std::chrono::steady_clock::now();
   Result<uint64_t> out = uint64_t{0};
   {
-    StoppedProcess sp(pid);
-    if (auto r = sp.stop_all(); !r) return Error{where + ": " + r.error().message, r.error().err};
+    std::optional<StoppedProcess> own;
+    if (!held) {
+      own.emplace(pid);
+      if (auto r = own->stop_all(); !r) return Error{where + ": " + r.error().message, r.error().err};
+    }
+    StoppedProcess& sp = held ? *held : *own;
     if (stats) stats->threads = sp.count();
     Fd mem(open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC));
     if (!mem.valid()) return Error::sys(where + ": open /proc/" + std::to_string(pid) + "/mem");

@@ -11,11 +11,20 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/result.h"
 
 namespace memtrace::inject {
+
+// A process held stopped under ptrace by the calling thread (every thread
+// seized); let go (detached, its pending signals handed back) when it goes.
+class StoppedProcess;
+struct HeldDeleter {
+  void operator()(StoppedProcess* p) const;
+};
+using Held = std::unique_ptr<StoppedProcess, HeldDeleter>;
 
 struct LoadStats {
   uint64_t threads = 0;     // threads stopped
@@ -23,12 +32,28 @@ struct LoadStats {
   uint64_t call_us = 0;     // the dlopen call itself (the agent's constructor in it)
 };
 
+// Why pid cannot take the agent, checked before any ptrace (nothing of
+// the process is touched): it runs under seccomp (the agent's open and
+// mmap, dlopen's, may be refused or kill it), or ptrace is disabled
+// (Yama ptrace_scope 3). Success: no reason known.
+Result<void> can_inject(pid_t pid);
+
+// A process just exec'd and stopped (SIGSTOP: BPF's stop at exec), run
+// under ptrace to its entry point (AT_ENTRY: ld.so has loaded, relocated
+// and initialized its libraries, so dlopen works; none of the program's
+// own code has run) and held there. A static program (no ld.so: AT_BASE
+// 0) is refused before anything is done to it. The process stops again
+// when it is let go (its group stop stays in effect): SIGCONT runs it.
+Result<Held> hold_at_entry(pid_t pid, int timeout_ms = 10000);
+
 // The handle dlopen returned in the target (non-zero), or why not.
 // timeout_ms: how long the call may take; past it the attempt is abandoned
 // (the thread is interrupted, its registers restored: a dlopen stopped half
 // way may leave the target's loader lock taken; said in the error).
+// held: the process is already stopped by hold_at_entry (else every
+// thread is seized here and let go at the end).
 Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats = nullptr,
-                              int timeout_ms = 10000);
+                              int timeout_ms = 10000, StoppedProcess* held = nullptr);
 
 // Address of a function of the target's libc (dlopen, dlerror) in pid:
 // the file's symbol placed in the mapping that holds its file offset.

@@ -64,7 +64,12 @@ void tsc_and_ns(uint64_t* tsc, uint64_t* ns) {
 
 std::string agent_path() {
   if (const char* e = getenv("MEMTRACE_AGENT"); e && *e) return e;
-  return self_dir() + "libmemtrace_agent.so";
+  std::string beside = self_dir() + "libmemtrace_agent.so";  // the build tree
+  if (access(beside.c_str(), R_OK) == 0) return beside;
+  // Installed (cmake --install, the .deb): BINDIR/../LIBDIR/memtrace-bpf/.
+  char real[PATH_MAX];
+  std::string installed = self_dir() + MEMTRACE_AGENT_INSTALLED;
+  return realpath(installed.c_str(), real) ? std::string(real) : installed;
 }
 
 Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode) {
@@ -223,12 +228,13 @@ size_t Ring::drain(const std::function<void(const void*, size_t)>& fn, size_t ma
 
 Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions& o) {
   if (access(o.agent.c_str(), R_OK) != 0) return Error::sys("agent library " + o.agent);
+  if (auto r = can_inject(pid); !r) return r.error();
   auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode);
   if (!ring) return ring.error();
   std::unique_ptr<Session> s(new Session());
   s->pid_ = pid;
   s->ring_ = std::move(*ring);
-  auto h = load_library(pid, o.agent, &s->load_, o.timeout_ms);
+  auto h = load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held);
   if (!h) return h.error();
   // The constructor ran inside dlopen: the agent has said how it went.
   const volatile mt_inj_hdr& hd = s->ring_->hdr();

@@ -26,7 +26,9 @@
 
 namespace memtrace::inject {
 
-// libmemtrace_agent.so beside this program (or $MEMTRACE_AGENT).
+// libmemtrace_agent.so: $MEMTRACE_AGENT, else beside this program (the
+// build tree), else where cmake --install and the .deb put it
+// (/usr/lib/<arch>/memtrace-bpf/ for /usr/bin/memtrace-bpf).
 std::string agent_path();
 
 struct SessionOptions {
@@ -34,6 +36,7 @@ struct SessionOptions {
   size_t ring_mb = 64;                       // data area, MiB (a power of two)
   int stack_mode = MT_INJ_STACK_LIBUNWIND;   // enum mt_inj_stack_mode
   int timeout_ms = 10000;                    // for the dlopen call
+  StoppedProcess* held = nullptr;            // stopped already (hold_at_entry)
 };
 
 // The ring, mapped in this process too; the file's name is removed once the

@@ -220,12 +220,6 @@ Result<void> Tracer::load() {
     if (const char* a = getenv("MEMTRACE_UPROBE_ATTACH"); a && std::string(a) == "perf")
       attach_mode_ = AttachMode::PerfEvent;
   }
-#if defined(__aarch64__)
-  if (o_.stacks) {
-    o_.cfi = false;
-    kernel_notes_.push_back("stacks: frame pointers only (not supported on aarch64 yet: CFI unwinder)");
-  }
-#endif
   if (attach_mode_ == AttachMode::PerfEvent)
     kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
                             " has no uprobe_multi links (6.6)");
@@ -365,18 +359,22 @@ uint32_t Tracer::image_of(pid_t pid) {
   return t.image;
 }
 
-void Tracer::resume(pid_t pid) {
-  if (!stopped_.count(pid)) return;
-  // bpf_send_signal from a tracepoint (preemption off) sends the SIGSTOP
-  // through irq_work, which may run after we read the record: a SIGCONT
-  // before it lands is undone by it and the process stays stopped for good
-  // (1 in ~150 launches of an exec storm on a loaded machine). Wait until
-  // the stop is in effect (or the process is gone), 200 ms at most.
+// bpf_send_signal from a tracepoint (preemption off) sends the SIGSTOP
+// through irq_work, which may run after we read the record: a SIGCONT
+// before it lands is undone by it and the process stays stopped for good
+// (1 in ~150 launches of an exec storm on a loaded machine). Wait until
+// the stop is in effect (or the process is gone), 200 ms at most.
+void Tracer::wait_stop_landed(pid_t pid) {
   for (int i = 0; i < 2000; i++) {
     char st = process_state(pid);
     if (st == 'T' || st == 't' || st == 0 || st == 'Z' || st == 'X') break;
     usleep(100);
   }
+}
+
+void Tracer::resume(pid_t pid) {
+  if (!stopped_.count(pid)) return;
+  wait_stop_landed(pid);
   kill(pid, SIGCONT);
   forget_stopped(pid);  // after the kill: a loader killed in between leaves one more SIGCONT to the guardian
 }
@@ -611,7 +609,7 @@ Result<void> Tracer::setup_targets() {
   }
   for (pid_t pid : o_.pids) {
     set_target_state(pid, MT_TS_TRACED, 1);
-    if (auto r = o_.inject ? inject_process(pid) : attach_process(pid, true); !r) return r;
+    if (auto r = o_.inject ? inject_or_attach(pid, true) : attach_process(pid, true); !r) return r;
   }
   if (!o_.comms.empty()) {
     for (pid_t pid : all_pids()) {
@@ -621,7 +619,7 @@ Result<void> Tracer::setup_targets() {
       for (const auto& want : o_.comms) {
         if (*c != want) continue;
         set_target_state(pid, MT_TS_TRACED, 0);
-        if (auto r = attach_process(pid, false); !r) {
+        if (auto r = o_.inject ? inject_or_attach(pid, false) : attach_process(pid, false); !r) {
           errors_.push_back(r.error().message);
           attach_failures_++;
         }
@@ -649,10 +647,11 @@ Result<void> Tracer::setup_targets() {
 // --inject: the agent loaded into pid (src/inject); its records come
 // through the session's ring (drain_injected), BPF's targets entry keeps
 // pid's mmap/brk and lifecycle records coming.
-Result<void> Tracer::inject_process(pid_t pid) {
+Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   procs_[pid].pid = pid;
   if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
   inject::SessionOptions so;
+  so.held = held;
   so.agent = inject::agent_path();
   so.ring_mb = o_.inject_ring_mb;
   so.stack_mode = !o_.stacks ? MT_INJ_STACK_NONE : o_.cfi ? MT_INJ_STACK_LIBUNWIND : MT_INJ_STACK_FP;
@@ -663,6 +662,7 @@ Result<void> Tracer::inject_process(pid_t pid) {
   attach_us_ += us;
   attach_count_++;
   procs_[pid].attached = true;
+  procs_[pid].injected = true;
   // Its mappings with the agent (and libunwind) in them, for symbolization.
   // (BPF's mmap stacks of an injected process walk frame pointers: no CFI
   // tables are loaded for it.)
@@ -677,6 +677,49 @@ Result<void> Tracer::inject_process(pid_t pid) {
   (*s)->start_copier(o_.inject_ring_mb << 22);
   injected_.push_back(std::move(*s));
   return {};
+}
+
+namespace {
+void say_not_injected(pid_t pid, const Error& why) {
+  std::cerr << "memtrace-bpf: --inject: " << why.message << "; pid " << pid << " is traced with uprobes instead\n";
+}
+}  // namespace
+
+// A process the agent cannot go into (static, seccomp, ptrace refused, a
+// preloaded allocator, no agent library) is traced by uprobes: one line
+// says why (issue 21).
+Result<void> Tracer::inject_or_attach(pid_t pid, bool given) {
+  auto r = inject_process(pid);
+  if (r) return r;
+  say_not_injected(pid, r.error());
+  return attach_process(pid, given);
+}
+
+// --inject, a process stopped by BPF at its exec (the launched program, a
+// new -c process, an injected one that exec'd): run to its entry point
+// under ptrace, where its libraries are loaded and relocated, and the
+// agent loaded there, before any of its code runs. A static program is
+// traced by uprobes from its exec; one the agent cannot go into at its
+// entry, from there (held until they are attached).
+Result<void> Tracer::inject_at_exec(pid_t pid, Snapshot& snap) {
+  wait_stop_landed(pid);
+  auto held = [&]() -> Result<inject::Held> {
+    if (auto r = inject::can_inject(pid); !r) return r.error();
+    if (access(inject::agent_path().c_str(), R_OK) != 0) return Error::sys("agent library " + inject::agent_path());
+    // No stops at ld.so's mappings on the way: the agent hooks every
+    // object there, and later ones through its dlopen hook.
+    uint32_t key = pid;
+    mt_target t{};
+    bpf_map_lookup_elem(bpf_map__fd(skel_->maps.targets), &key, &t);
+    set_target_state(pid, MT_TS_TRACED, t.follow | MT_FOLLOW_NO_STOP);
+    return inject::hold_at_entry(pid);
+  }();
+  Result<void> why = held ? inject_process(pid, held->get()) : held.error();
+  if (why) return why;
+  say_not_injected(pid, why.error());
+  if (!held) return attach_process(pid, false, &snap);
+  Snapshot at_entry(pid, &maps_reads_);  // its libraries mapped now
+  return attach_process(pid, false, &at_entry);
 }
 
 size_t Tracer::drain_injected(bool flush) {
@@ -754,7 +797,8 @@ int Tracer::on_proc_event(void* data, size_t len) {
       procs_[pid].objects.clear();
       procs_[pid].attached = false;
       unwind_add(snap);  // the new image (and ld.so) even before an allocator is mapped
-      if (auto r = attach_process(pid, false, &snap); !r) {
+      procs_[pid].injected = false;  // its agent went with its old image
+      if (auto r = o_.inject ? inject_at_exec(pid, snap) : attach_process(pid, false, &snap); !r) {
         errors_.push_back(r.error().message);
         attach_failures_++;
       }
@@ -774,7 +818,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
           errors_.push_back(r.error().message);
           attach_failures_++;
         }
-      } else {
+      } else if (!procs_[pid].injected) {  // --inject: the agent's dlopen hook covers new code
         attach_more_allocators(snap);
       }
       break;

@@ -35,6 +35,7 @@ class Exporter;
 }
 namespace memtrace::inject {
 class Session;
+class StoppedProcess;
 }
 
 namespace memtrace::loader {
@@ -99,6 +100,7 @@ class Tracer {
     ProbeSet probes;
     std::set<std::pair<uint64_t, uint64_t>> objects;  // (dev, inode) of files looked at for allocators
     bool attached = false;  // through its own probes, or system-wide ones
+    bool injected = false;  // --inject: its malloc family from the agent, not uprobes
     bool exited = false;
   };
 
@@ -207,8 +209,12 @@ class Tracer {
   std::unique_ptr<Features> feat_;  // features.h: null unless one is asked for
   std::unique_ptr<metrics::Exporter> metrics_;  // --metrics
   std::unique_ptr<PprofDir> pprof_dir_;         // --pprof-dir
-  // --inject: one agent session per -p process (src/inject/session.h).
-  Result<void> inject_process(pid_t pid);
+  // --inject: one agent session per traced process (src/inject/session.h);
+  // a process the agent cannot go into gets one line and the BPF path.
+  Result<void> inject_process(pid_t pid, inject::StoppedProcess* held = nullptr);
+  Result<void> inject_or_attach(pid_t pid, bool given);
+  Result<void> inject_at_exec(pid_t pid, Snapshot& snap);
+  void wait_stop_landed(pid_t pid);
   size_t drain_injected(bool flush = false);  // flush: every record written so far
   void detach_injected();
   std::vector<std::unique_ptr<inject::Session>> injected_;

@@ -13,6 +13,11 @@
  *   malloc(24), freed, called with rbp = -16 (malloc_bad_rbp).
  *
  * MODE "exit" (default): exits 0 after the rounds.
+ * MODE "stdin": waits for a line on stdin instead of the agent (a process
+ * the agent cannot go into is traced by uprobes: its counts are the same).
+ * MODE "seccomp": the same, under a seccomp filter that allows everything.
+ * MODE "again": as "outlive", but the second rounds wait for a line on
+ * stdin (another tool attaches meanwhile) and print their own expect line.
  * MODE "outlive": after the rounds, waits until the agent stops recording
  * (the tool detached, or was killed and its heartbeat went stale), then
  * runs ROUNDS more rounds (the hooks call straight through) and exits 0:
@@ -22,20 +27,40 @@
  * No stdio after "ready": stdout's buffer is allocated before. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
 static int recording(void) {
+#ifdef INJECT_TARGET_STATIC
+  return 0; /* no dlopen: the agent cannot go into a static program */
+#else
   void* h = dlopen("libmemtrace_agent.so", RTLD_NOW | RTLD_NOLOAD);
   if (!h) return 0;
   int (*fn)(void) = (int (*)(void))dlsym(h, "memtrace_agent_recording");
   int r = fn ? fn() : 0;
   dlclose(h);
   return r;
+#endif
+}
+
+static int line_on_stdin(void) {
+  char c = 0;
+  while (read(0, &c, 1) == 1)
+    if (c == '\n') return 1;
+  return 0;
+}
+
+static void allow_all_seccomp(void) {
+  struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+  struct sock_fprog prog = {1, allow};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) _exit(6);
 }
 
 static void nap_ms(long ms) {
@@ -102,28 +127,41 @@ static void say(const char* s) {
   if (write(1, s, strlen(s)) < 0) _exit(5);
 }
 
-int main(int argc, char** argv) {
-  int rounds = argc > 1 ? atoi(argv[1]) : 1000;
-  int outlive = argc > 2 && strcmp(argv[2], "outlive") == 0;
-  printf("ready %d\n", (int)getpid());
-  fflush(stdout);
-  for (int waited = 0; !recording(); waited += 5) {
-    if (waited > 60000) return 3;
-    nap_ms(5);
-  }
-  for (int i = 0; i < rounds; i++) one_round(i);
+static void say_expect(int rounds) {
   char line[128];
   snprintf(line, sizeof line, "expect allocs=%d frees=%d bytes=%lld leaked_blocks=%d leaked_bytes=%d\n",
            7 * rounds + rounds / 10 + 1, 7 * rounds + 1, 1168LL * rounds + 1000LL * (rounds / 10) + 24, rounds / 10,
            1000 * (rounds / 10));
   say(line);
-  if (!outlive) return 0;
+}
+
+int main(int argc, char** argv) {
+  int rounds = argc > 1 ? atoi(argv[1]) : 1000;
+  const char* mode = argc > 2 ? argv[2] : "exit";
+  int outlive = strcmp(mode, "outlive") == 0, again = strcmp(mode, "again") == 0;
+  int on_stdin = strcmp(mode, "stdin") == 0 || strcmp(mode, "seccomp") == 0;
+  if (strcmp(mode, "seccomp") == 0) allow_all_seccomp();
+  printf("ready %d\n", (int)getpid());
+  fflush(stdout);
+  if (on_stdin) {
+    if (!line_on_stdin()) return 3;
+  } else {
+    for (int waited = 0; !recording(); waited += 5) {
+      if (waited > 60000) return 3;
+      nap_ms(5);
+    }
+  }
+  for (int i = 0; i < rounds; i++) one_round(i);
+  say_expect(rounds);
+  if (!outlive && !again) return 0;
   say("outliving\n");
   for (int waited = 0; recording(); waited += 5) {
     if (waited > 60000) return 4;
     nap_ms(5);
   }
+  if (again && !line_on_stdin()) return 3;
   for (int i = 0; i < rounds; i++) one_round(i);
+  if (again) say_expect(rounds);
   say("done\n");
   return 0;
 }

@@ -4,6 +4,7 @@
 // knows its own counts.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -265,12 +266,109 @@ TEST(Inject, CliReportExact) {
   EXPECT_EQ((*leak)["stack"][2]["function"], "main") << leak->dump();
 }
 
-// A process that is not there, or not a -p one: one line, exit 2.
-TEST(Inject, CliRefusesWithoutPid) {
+// --inject system-wide (no -p, -c or program): one line, exit 2.
+TEST(Inject, CliRefusesSystemWide) {
   MEMTRACE_REQUIRE_ROOT();
-  ToolRun r = run_argv({MEMTRACE_BIN, "--inject", "--", "/bin/true"});
+  ToolRun r = run_argv({MEMTRACE_BIN, "--inject"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--inject works on running processes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--inject needs -p PID, -c COMM or a program to launch"), std::string::npos) << r.err;
+}
+
+namespace {
+
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
+  return n;
+}
+
+void expect_report_exact(const json& p, const Expect& e) {
+  ASSERT_GT(e.allocs, 0);
+  EXPECT_EQ(u(p, "allocs"), e.allocs);
+  EXPECT_EQ(u(p, "frees"), e.frees);
+  EXPECT_EQ(u(p, "bytes_allocated"), e.bytes);
+  EXPECT_EQ(u(p, "in_use_blocks"), e.leaked_blocks);
+  EXPECT_EQ(u(p, "in_use_bytes"), e.leaked_bytes);
+}
+
+// memtrace-bpf --inject -p on a target that the agent cannot go into and
+// that starts its rounds on a line on stdin: one line on stderr names what
+// failed, the tool traces it with uprobes, the counts are exact.
+void cli_falls_back(const std::vector<std::string>& target, const std::string& why,
+                    const std::vector<std::string>& tool_env = {}, bool traced_already = false) {
+  Child t = spawn(target);
+  std::string tout;
+  pid_t pid = ready_pid(t, &tout);
+  ASSERT_EQ(pid, t.pid) << tout;
+  // Another tracer has it (this test): the tool's PTRACE_SEIZE is refused.
+  if (traced_already) {
+    ASSERT_EQ(ptrace(PTRACE_SEIZE, pid, nullptr, nullptr), 0) << strerror(errno);
+  }
+  std::string rep = tmpfile("fallback");
+  std::vector<std::string> argv;
+  if (!tool_env.empty()) {
+    argv.push_back("/usr/bin/env");
+    argv.insert(argv.end(), tool_env.begin(), tool_env.end());
+  }
+  argv.insert(argv.end(), {MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-p", std::to_string(pid)});
+  Child m = spawn(argv);
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  EXPECT_EQ(count_of(merr, "is traced with uprobes instead"), 1u) << merr;
+  EXPECT_NE(merr.find(why), std::string::npos) << merr;
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  close(t.in);
+  ASSERT_TRUE(read_until(t.out, "expect", &tout)) << tout;
+  ASSERT_TRUE(read_until(t.out, "\n", &tout)) << tout;
+  EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout;
+  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_proc(j, pid);
+  ASSERT_TRUE(p) << j.dump() << merr;
+  expect_report_exact(*p, parse_expect(tout));
+  EXPECT_EQ((*p)["exit_code"], 0);
+}
+
+}  // namespace
+
+// A static program (no ld.so, no dlopen): the BPF path, exact.
+TEST(Inject, CliFallsBackOnStaticProgram) {
+  MEMTRACE_REQUIRE_ROOT();
+  cli_falls_back({std::string(TARGET_DIR) + "/inject_target_static", "2000", "stdin"}, "maps no libc");
+}
+
+// A seccomp filter (one that allows everything): not injected, exact.
+TEST(Inject, CliFallsBackUnderSeccomp) {
+  MEMTRACE_REQUIRE_ROOT();
+  cli_falls_back({std::string(TARGET_DIR) + "/inject_target", "2000", "seccomp"}, "runs under seccomp (mode 2)");
+}
+
+// A preloaded allocator (jemalloc): the agent refuses it, its own symbols
+// are probed, exact.
+TEST(Inject, CliFallsBackOnPreloadedAllocator) {
+  MEMTRACE_REQUIRE_ROOT();
+  const char* lib = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+  if (access(lib, R_OK) != 0) MEMTRACE_SKIP_OR_FAIL(std::string(lib) + " missing (scripts/deps.txt)");
+  cli_falls_back({"/usr/bin/env", std::string("LD_PRELOAD=") + lib, std::string(TARGET_DIR) + "/inject_target", "2000",
+                  "stdin"},
+                 "preloaded allocator");
+}
+
+// ptrace refused (another tracer has the process; Yama's scope 3 refuses
+// it the same way, and cannot be undone without a reboot to test here).
+TEST(Inject, CliFallsBackWhenPtraceIsRefused) {
+  MEMTRACE_REQUIRE_ROOT();
+  cli_falls_back({std::string(TARGET_DIR) + "/inject_target", "2000", "stdin"}, "Operation not permitted", {}, true);
+}
+
+// No agent library where the tool looks for it: the BPF path, exact.
+TEST(Inject, CliFallsBackWithoutTheAgent) {
+  MEMTRACE_REQUIRE_ROOT();
+  cli_falls_back({std::string(TARGET_DIR) + "/inject_target", "2000", "stdin"},
+                 "agent library /nonexistent/libmemtrace_agent.so: No such file",
+                 {"MEMTRACE_AGENT=/nonexistent/libmemtrace_agent.so"});
 }
 
 // The tool ends first (--duration, then SIGKILL): the target runs on, its
@@ -313,4 +411,176 @@ TEST(Inject, CliTargetOutlivesTheTool) {
 TEST(Inject, CliTargetOutlivesSigkilledTool) {
   MEMTRACE_REQUIRE_ROOT();
   cli_outlive(true);
+}
+
+// A process that has the agent already (an earlier --inject ended): its
+// constructor does not run again; one line, the BPF path, exact counts of
+// the rounds run after.
+TEST(Inject, CliSecondInjectFallsBack) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child t = spawn({std::string(TARGET_DIR) + "/inject_target", "500", "again"});
+  std::string tout;
+  pid_t pid = ready_pid(t, &tout);
+  ASSERT_EQ(pid, t.pid) << tout;
+  ToolRun first = run_argv({MEMTRACE_BIN, "--inject", "-p", std::to_string(pid), "--duration", "1"});
+  EXPECT_EQ(first.code, 0) << first.err;
+  EXPECT_EQ(count_of(first.err, "uprobes instead"), 0u) << first.err;
+  ASSERT_TRUE(read_until(t.out, "outliving", &tout, 20000)) << tout;
+  tout.clear();
+  std::string rep = tmpfile("again");
+  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-p", std::to_string(pid)});
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  EXPECT_EQ(count_of(merr, "is traced with uprobes instead"), 1u) << merr;
+  EXPECT_NE(merr.find("already loaded"), std::string::npos) << merr;
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  close(t.in);
+  ASSERT_TRUE(read_until(t.out, "done", &tout)) << tout;
+  EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout;
+  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_proc(j, pid);
+  ASSERT_TRUE(p) << j.dump() << merr;
+  expect_report_exact(*p, parse_expect(tout));
+}
+
+namespace {
+
+// The leak group of inject_target's leak_here, by its stack through main.
+void expect_leak_through_main(const json& p, const Expect& e) {
+  const json* leak = nullptr;
+  for (const auto& l : p["leaks"])
+    if (l["bytes"] == e.leaked_bytes && l["blocks"] == e.leaked_blocks) leak = &l;
+  ASSERT_TRUE(leak) << p["leaks"].dump();
+  ASSERT_GE((*leak)["stack"].size(), 3u) << leak->dump();
+  EXPECT_EQ((*leak)["stack"][0]["function"], "leak_here") << leak->dump();
+  EXPECT_EQ((*leak)["stack"][1]["function"], "one_round") << leak->dump();
+  EXPECT_EQ((*leak)["stack"][2]["function"], "main") << leak->dump();
+}
+
+// Counts of a run of R rounds minus a run of R0, against the target's lines.
+void expect_rounds_exact(const json& p, const json& p0, const Expect& e, const Expect& e0) {
+  EXPECT_EQ(u(p, "allocs") - u(p0, "allocs"), e.allocs - e0.allocs);
+  EXPECT_EQ(u(p, "frees") - u(p0, "frees"), e.frees - e0.frees);
+  EXPECT_EQ(u(p, "bytes_allocated") - u(p0, "bytes_allocated"), e.bytes - e0.bytes);
+  EXPECT_EQ(u(p, "in_use_blocks") - u(p0, "in_use_blocks"), e.leaked_blocks - e0.leaked_blocks);
+  EXPECT_EQ(u(p, "in_use_bytes") - u(p0, "in_use_bytes"), e.leaked_bytes - e0.leaked_bytes);
+}
+
+void expect_nothing_dropped(const json& j) {
+  for (const char* k : {"inject_ring_full", "inject_malformed", "stack_record_missing", "malformed"})
+    EXPECT_EQ(j["dropped"][k].get<long>(), 0) << k << " in " << j["dropped"].dump();
+}
+
+}  // namespace
+
+// memtrace-bpf --inject -- PROG: stopped by BPF at its exec, run to its
+// entry point under ptrace, the agent loaded there (libc relocated, none of
+// the program's code run): a run of 2000 rounds minus one of 10 is exactly
+// the target's difference; the leak's stack goes through main.
+TEST(Inject, CliLaunchExact) {
+  MEMTRACE_REQUIRE_ROOT();
+  auto run = [](int rounds) {
+    return run_tool({"--inject", "--", std::string(TARGET_DIR) + "/inject_target", std::to_string(rounds)});
+  };
+  ToolRun r0 = run(10), r = run(2000);
+  ASSERT_EQ(r0.code, 0) << r0.err << r0.out;
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_EQ(count_of(r.err + r0.err, "uprobes instead"), 0u) << r.err;
+  const json* p0 = find_comm(r0.report, "inject_target");
+  const json* p = find_comm(r.report, "inject_target");
+  ASSERT_TRUE(p && p0) << r.report.dump();
+  Expect e0 = parse_expect(r0.out), e = parse_expect(r.out);
+  ASSERT_GT(e.allocs, 0) << r.out;
+  expect_rounds_exact(*p, *p0, e, e0);
+  expect_leak_through_main(*p, e);
+  expect_nothing_dropped(r.report);
+  EXPECT_EQ((*p)["exit_code"], 0);
+}
+
+// A static program launched with --inject: one line, uprobes from its
+// exec, exit 0 (its counts: CliFallsBackOnStaticProgram).
+TEST(Inject, CliLaunchStaticFallsBack) {
+  MEMTRACE_REQUIRE_ROOT();
+  ToolRun r = run_tool({"--inject", "--", std::string(TARGET_DIR) + "/inject_target_static", "100", "stdin"});
+  // stdin is closed: the target ends at once (exit 3), the tool with it.
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_EQ(count_of(r.err, "is traced with uprobes instead"), 1u) << r.err;
+  EXPECT_NE(r.err.find("static program"), std::string::npos) << r.err;
+  EXPECT_TRUE(find_comm(r.report, "inject_target_s")) << r.report.dump();
+}
+
+// --inject -c COMM: a process of that name running when the tool starts
+// (injected as with -p) and two started later (at their exec, as a
+// launched one): counts exact.
+TEST(Inject, CliCommExact) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child early = spawn({std::string(TARGET_DIR) + "/inject_target", "300"});
+  close(early.in);
+  std::string eout;
+  ASSERT_GT(ready_pid(early, &eout), 0) << eout;
+  std::string rep = tmpfile("comm");
+  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-c", "inject_target"});
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  ASSERT_TRUE(read_until(early.out, "expect", &eout)) << eout;
+  ASSERT_TRUE(read_until(early.out, "\n", &eout)) << eout;
+  EXPECT_EQ(exit_within(early.pid, 20000), 0) << eout;
+  auto later = [](int rounds, std::string* out) {
+    Child c = spawn({std::string(TARGET_DIR) + "/inject_target", std::to_string(rounds)});
+    close(c.in);
+    *out = read_all(c.out);
+    EXPECT_EQ(exit_within(c.pid, 20000), 0) << *out;
+    return c.pid;
+  };
+  std::string o0, o1;
+  pid_t l0 = later(10, &o0), l1 = later(2000, &o1);
+  usleep(300 * 1000);
+  kill(m.pid, SIGINT);
+  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
+  EXPECT_EQ(count_of(merr, "uprobes instead"), 0u) << merr;
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* pe = find_proc(j, early.pid);
+  const json* p0 = find_proc(j, l0);
+  const json* p1 = find_proc(j, l1);
+  ASSERT_TRUE(pe && p0 && p1) << j.dump() << merr;
+  expect_report_exact(*pe, parse_expect(eout));
+  expect_rounds_exact(*p1, *p0, parse_expect(o1), parse_expect(o0));
+  expect_leak_through_main(*p1, parse_expect(o1));
+  expect_nothing_dropped(j);
+}
+
+// Counts equal to valgrind's memcheck on a program not written here:
+// sqlite3 on the fixed script of Tracing.AgreesWithValgrindOnSqlite (the
+// BPF path's), launched under --inject.
+TEST(Inject, CliAgreesWithValgrindOnSqlite) {
+  MEMTRACE_REQUIRE_ROOT();
+  if (access("/usr/bin/valgrind", X_OK) != 0 || access("/usr/bin/sqlite3", X_OK) != 0)
+    MEMTRACE_SKIP_OR_FAIL("valgrind or sqlite3 missing (scripts/deps.txt installs them)");
+  std::string sql = sqlite_script();
+  ValgrindCounts v = valgrind_counts("valgrind --run-libc-freeres=no /usr/bin/sqlite3 :memory: < " + sql +
+                                     " 2>&1 >/dev/null");
+  ASSERT_GT(v.allocs, 1000);
+  std::string rep = tmpfile("sq");
+  std::string err = tmpfile("sqerr");
+  std::string cmd = std::string(MEMTRACE_BIN) + " --format json -o " + rep + " --inject -- /usr/bin/sqlite3 :memory: < " +
+                    sql + " > /dev/null 2> " + err;
+  ASSERT_EQ(system(cmd.c_str()), 0) << slurp_file(err);
+  std::string merr = slurp_file(err);
+  unlink(err.c_str());
+  EXPECT_EQ(count_of(merr, "uprobes instead"), 0u) << merr;
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_comm(j, "sqlite3");
+  ASSERT_TRUE(p) << j.dump();
+  EXPECT_EQ(u(*p, "allocs"), v.allocs);
+  EXPECT_EQ(u(*p, "frees"), v.frees);
+  EXPECT_EQ(u(*p, "bytes_allocated"), v.bytes);
+  EXPECT_EQ(u(*p, "in_use_blocks"), v.blocks);
+  EXPECT_EQ(u(*p, "in_use_bytes"), v.inuse);
+  expect_nothing_dropped(j);
 }
