@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +16,40 @@
 #include <vector>
 
 namespace memtrace::testing {
+
+// valgrind's "in use at exit" and "total heap usage" lines of a command
+// (its stderr and stdout go to the pipe).
+struct ValgrindCounts {
+  long inuse = -1, blocks = -1, allocs = -1, frees = -1, bytes = -1;
+};
+inline ValgrindCounts valgrind_counts(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string vg;
+  char b[4096];
+  size_t n;
+  while ((n = fread(b, 1, sizeof b, f)) > 0) vg.append(b, n);
+  pclose(f);
+  vg.erase(std::remove(vg.begin(), vg.end(), ','), vg.end());
+  ValgrindCounts v;
+  if (auto at = vg.find("in use at exit:"); at != std::string::npos)
+    sscanf(vg.c_str() + at, "in use at exit: %ld bytes in %ld blocks", &v.inuse, &v.blocks);
+  if (auto at = vg.find("total heap usage:"); at != std::string::npos)
+    sscanf(vg.c_str() + at, "total heap usage: %ld allocs %ld frees %ld bytes allocated", &v.allocs, &v.frees,
+           &v.bytes);
+  return v;
+}
+
+// The SQL script the valgrind comparisons feed sqlite3 on stdin (a table
+// of 2000 rows, an index, an update, a query); its path.
+inline std::string sqlite_script() {
+  std::string sql = "/tmp/memtrace-test-sqlite.sql";
+  std::ofstream s(sql);
+  s << "CREATE TABLE t(a INTEGER, b TEXT);\nBEGIN;\n";
+  for (int i = 0; i < 2000; i++) s << "INSERT INTO t VALUES(" << i << ", 'row" << i * 7 << "');\n";
+  s << "COMMIT;\nCREATE INDEX ti ON t(b);\nUPDATE t SET b = b || 'x' WHERE a % 3 = 0;\n"
+    << "SELECT count(*), sum(length(b)) FROM t;\n";
+  return sql;
+}
 
 inline std::string tool() { return MEMTRACE_BIN; }
 inline std::string target(const std::string& name) { return std::string(TARGET_DIR) + "/" + name; }

@@ -101,28 +101,6 @@ class Tracing : public ::testing::Test {
   }
 };
 
-// valgrind's "in use at exit" and "total heap usage" lines of a command
-// (its stderr and stdout go to the pipe).
-struct ValgrindCounts {
-  long inuse = -1, blocks = -1, allocs = -1, frees = -1, bytes = -1;
-};
-ValgrindCounts valgrind_counts(const std::string& cmd) {
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string vg;
-  char b[4096];
-  size_t n;
-  while ((n = fread(b, 1, sizeof b, f)) > 0) vg.append(b, n);
-  pclose(f);
-  vg.erase(std::remove(vg.begin(), vg.end(), ','), vg.end());
-  ValgrindCounts v;
-  if (auto at = vg.find("in use at exit:"); at != std::string::npos)
-    sscanf(vg.c_str() + at, "in use at exit: %ld bytes in %ld blocks", &v.inuse, &v.blocks);
-  if (auto at = vg.find("total heap usage:"); at != std::string::npos)
-    sscanf(vg.c_str() + at, "total heap usage: %ld allocs %ld frees %ld bytes allocated", &v.allocs, &v.frees,
-           &v.bytes);
-  return v;
-}
-
 // tool's counts for pid (or comm) in a run minus a run of the same program
 // with no rounds, against N times the program's own per_round line.
 void expect_rounds(const json& p, const json& p0, long R, const PerRound& per) {
@@ -572,31 +550,10 @@ TEST_F(Tracing, SignalsDetachEveryProbeAndTheTargetRunsOn) {
 TEST_F(Tracing, AgreesWithValgrindOnSqlite) {
   if (access("/usr/bin/valgrind", X_OK) != 0 || access("/usr/bin/sqlite3", X_OK) != 0)
     MEMTRACE_SKIP_OR_FAIL("valgrind or sqlite3 missing (scripts/deps.txt installs them)");
-  std::string sql = "/tmp/memtrace-test-sqlite.sql";
-  {
-    std::ofstream s(sql);
-    s << "CREATE TABLE t(a INTEGER, b TEXT);\nBEGIN;\n";
-    for (int i = 0; i < 2000; i++) s << "INSERT INTO t VALUES(" << i << ", 'row" << i * 7 << "');\n";
-    s << "COMMIT;\nCREATE INDEX ti ON t(b);\nUPDATE t SET b = b || 'x' WHERE a % 3 = 0;\n"
-      << "SELECT count(*), sum(length(b)) FROM t;\n";
-  }
-  std::string cmd = "valgrind --run-libc-freeres=no /usr/bin/sqlite3 :memory: < " + sql + " 2>&1 >/dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string vg;
-  char b[4096];
-  size_t n;
-  while ((n = fread(b, 1, sizeof b, f)) > 0) vg.append(b, n);
-  pclose(f);
-  long v_inuse = -1, v_blocks = -1, v_allocs = -1, v_frees = -1, v_bytes = -1;
-  auto at = vg.find("in use at exit:");
-  ASSERT_NE(at, std::string::npos) << vg;
-  std::string inuse = vg.substr(at);
-  inuse.erase(std::remove(inuse.begin(), inuse.end(), ','), inuse.end());
-  sscanf(inuse.c_str(), "in use at exit: %ld bytes in %ld blocks", &v_inuse, &v_blocks);
-  at = inuse.find("total heap usage:");
-  sscanf(inuse.c_str() + at, "total heap usage: %ld allocs %ld frees %ld bytes allocated", &v_allocs,
-         &v_frees, &v_bytes);
-  ASSERT_GT(v_allocs, 1000) << vg;
+  std::string sql = sqlite_script();
+  ValgrindCounts v = valgrind_counts("valgrind --run-libc-freeres=no /usr/bin/sqlite3 :memory: < " + sql +
+                                     " 2>&1 >/dev/null");
+  ASSERT_GT(v.allocs, 1000);
 
   // stdin comes from the SQL file.
   std::string rep = tmpfile("sq");
@@ -606,11 +563,11 @@ TEST_F(Tracing, AgreesWithValgrindOnSqlite) {
   json j = json::parse(rf, nullptr, false);
   const json* p = find_comm(j, "sqlite3");
   ASSERT_TRUE(p) << j.dump();
-  EXPECT_EQ(u(*p, "allocs"), v_allocs);
-  EXPECT_EQ(u(*p, "frees"), v_frees);
-  EXPECT_EQ(u(*p, "bytes_allocated"), v_bytes);
-  EXPECT_EQ(u(*p, "in_use_blocks"), v_blocks);
-  EXPECT_EQ(u(*p, "in_use_bytes"), v_inuse);
+  EXPECT_EQ(u(*p, "allocs"), v.allocs);
+  EXPECT_EQ(u(*p, "frees"), v.frees);
+  EXPECT_EQ(u(*p, "bytes_allocated"), v.bytes);
+  EXPECT_EQ(u(*p, "in_use_blocks"), v.blocks);
+  EXPECT_EQ(u(*p, "in_use_bytes"), v.inuse);
   unlink(rep.c_str());
 }
 
