@@ -581,7 +581,12 @@ static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 	struct mt_uregs r = {.ip = PT_REGS_IP_CORE(regs),
 			     .sp = PT_REGS_SP_CORE(regs),
 			     .bp = PT_REGS_FP_CORE(regs),
-			     .tgid = pid_tgid >> 32};
+			     .tgid = pid_tgid >> 32,
+#ifdef __TARGET_ARCH_arm64
+			     /* x30: the CFI walk's first return address in a leaf or a .plt stub */
+			     .lr = PT_REGS_RET_CORE(regs),
+#endif
+	};
 	return r;
 }
 

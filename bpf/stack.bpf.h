@@ -10,7 +10,8 @@
  *           bpf_probe_read_kernel call (~30 ns).
  *   ret_at  where the probed function's return address lives: [rsp + ret_at]
  *           for an entry probe (0 at function+0, 8 after one push, ...);
- *           on arm64 (probes at the entry only, so far) 0: in x30, r->lr;
+ *           on arm64 in x30 (r->lr), and ret_at is how far sp moved down
+ *           before the probe (the caller's sp is sp + ret_at);
  *           MT_RET_UNKNOWN when the probe is not at a function entry.
  *   out     per-CPU scratch struct mt_stack; out->nr and out->ips filled,
  *           innermost first, out->stack_id = mt_stack_hash(out) (both walks
@@ -39,9 +40,9 @@ static __always_inline __u64 mt_stack_hash(const struct mt_stack *s)
 static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_at,
 					      struct mt_stack *out)
 {
-#if !defined(MT_COMPAT) && !defined(__TARGET_ARCH_arm64)
-	/* the CFI unwinder's frame loop is bpf_loop (5.17); its register
-	 * rules are x86-64's (arm64: not written yet, docs/arm64.md) */
+#if !defined(MT_COMPAT)
+	/* the CFI unwinder's frame loop is bpf_loop (5.17); x86-64's or
+	 * arm64's register rules (unwind.bpf.h) */
 	int cfi = mt_unwind_cfi(r, ret_at, out);
 	if (cfi >= 0)
 		return (__u32)cfi;
@@ -56,7 +57,7 @@ static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_
 	if (ret_at >= 0) {
 		__u64 ret = 0;
 #ifdef __TARGET_ARCH_arm64
-		ret = r->lr; /* at the entry: bl left it in x30 */
+		ret = r->lr & MT_ARM64_VA_MASK; /* at the entry: bl left it in x30 */
 		if (ret) {
 #else
 		if (bpf_probe_read_user(&ret, sizeof(ret), (void *)(sp + ret_at)) == 0 && ret) {
@@ -79,6 +80,9 @@ static __always_inline __u32 mt_capture_stack(const struct mt_uregs *r, int ret_
 			break;
 		if (bpf_probe_read_user(pair, sizeof(pair), (void *)fp))
 			break;
+#ifdef __TARGET_ARCH_arm64
+		pair[1] &= MT_ARM64_VA_MASK; /* a PAC-signed x30 */
+#endif
 		if (pair[1] == 0)
 			break;
 		/* A probe after the callee's own "push rbp; mov rsp,rbp" sees the

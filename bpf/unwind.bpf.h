@@ -175,6 +175,10 @@ struct mt_walk_io {
 	__u32 reason;     /* out */
 	__u32 frames_fp;  /* out */
 	__u32 pad;
+#ifdef __TARGET_ARCH_arm64
+	__u64 lr;         /* in: x30 at a probe that is not at an entry (the first
+			   * frame may be a leaf or a .plt stub: MT_RA_REG), else 0 */
+#endif
 };
 
 /* What a memo entry is keyed by, and what mt_memo_lookup found (global
@@ -744,6 +748,63 @@ __attribute__((noinline)) int mt_unwind_vma_miss(__u64 lookup, __u32 gen, struct
 	return mt_row_cache_put(ce, lookup, gen, &r, row);
 }
 
+#ifdef __TARGET_ARCH_arm64
+/* The row of lookup: the L1 cache (unwind_rc), else mt_unwind_row_miss
+ * (L2, binary searches) and the pc's VMA; kept in L1. No row: MT_CFA_NONE.
+ * (The x86-64 step has this inline: through this function clang lays out
+ * its hot path differently, 5 instructions more.) */
+static __always_inline void mt_unwind_row_of(struct mt_unwind_ctx *c, __u64 lookup,
+					     struct mt_unwind_row *row)
+{
+	__u32 slot = (__u32)(((lookup ^ ((__u64)c->gen << 32)) * 0x9E3779B97F4A7C15ULL) >> 40) &
+		     (MT_UNWIND_RC_ENTRIES - 1);
+	struct mt_unwind_cache_ent *ce = &c->rc->e[slot];
+	if (ce->pc == lookup && ce->gen == c->gen) {
+		*row = ce->row;
+#ifdef MT_UNWIND_CACHE_STATS
+		mt_unwind_count(MT_UC_COUNT + 1);
+#endif
+	} else {
+#ifdef MT_UNWIND_CACHE_STATS
+		mt_unwind_count(MT_UC_COUNT + 2);
+#endif
+		int rm = mt_unwind_row_miss(c->proc, lookup, c->gen, row);
+		if (rm == 1)
+			rm = mt_unwind_vma_miss(lookup, c->gen, row);
+		if (rm != 0)
+			row->kind = MT_CFA_NONE;
+		ce->pc = lookup;
+		ce->gen = c->gen;
+		ce->row = *row;
+	}
+}
+#endif
+
+/* The step found the caller: ra its return address (0: the stack ends),
+ * cfa its sp, bp its rbp/x29. Appends ra; 0, or 1 to end the walk. */
+static __always_inline long mt_unwind_push(struct mt_unwind_ctx *c, __u64 ra, __u64 cfa, __u64 bp,
+					   int from_fp)
+{
+	if (ra == 0) {
+		c->reason = MT_UC_END_ZERO;
+		return 1;
+	}
+	if (c->n >= MT_MAX_FRAMES) {
+		c->reason = MT_UC_TRUNC_DEPTH;
+		return 1;
+	}
+	c->out->ips[c->n & (MT_MAX_FRAMES - 1)] = ra;
+	c->n++;
+	mt_memo_frame(c);
+	c->h = mt_hash_step(c->h, ra);
+	c->frames_fp += from_fp;
+	c->pc = ra;
+	c->sp = cfa;
+	c->bp = bp;
+	c->exact_pc = 0;
+	return 0;
+}
+
 /* One frame: from (pc, sp, bp) to the caller's; appends the return address. */
 static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 {
@@ -887,32 +948,142 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			c->bp_lost = 1;
 		}
 	}
-	if (ra == 0) {
-		c->reason = MT_UC_END_ZERO;
-		return 1;
-	}
-	if (c->n >= MT_MAX_FRAMES) {
-		c->reason = MT_UC_TRUNC_DEPTH;
-		return 1;
-	}
-	c->out->ips[c->n & (MT_MAX_FRAMES - 1)] = ra;
-	c->n++;
-	mt_memo_frame(c);
-	c->h = mt_hash_step(c->h, ra);
-	c->frames_fp += from_fp;
-	c->pc = ra;
-	c->sp = cfa;
-	c->bp = bp;
-	c->exact_pc = 0;
-	return 0;
+	return mt_unwind_push(c, ra, cfa, bp, from_fp);
 }
+
+#ifdef __TARGET_ARCH_arm64
+/* One arm64 frame (issue 20): the row read as bpf/memtrace.h's arm64 rows
+ * say. The CFA is the caller's sp, on sp or x29; the return address is
+ * x30: in its register (the first frame only: an exact pc in a leaf, a
+ * .plt stub, a function's entry), or saved at the CFA, usually next to x29
+ * (stp x29, x30). No row: the frame record ([x29] = the caller's x29,
+ * [x29+8] = x30), which does not tell the caller's sp: c->bp_lost bit 1
+ * (bit 0: x29 lost) until a row gives it back. Return addresses lose
+ * their PAC bits (MT_ARM64_VA_MASK). */
+static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
+{
+	struct mt_unwind_row row = {};
+	struct mt_unwind_pair p = {};
+	__u64 cfa, ra = 0, bp = c->bp, lookup, slot;
+	__u32 type, rule, ra_rule;
+	int from_fp = 0;
+
+	if (!c->proc || !c->out || !c->win || !c->rc)
+		return 1;
+	lookup = c->exact_pc ? c->pc : c->pc - 1; /* return address: the bl is before it */
+	mt_unwind_row_of(c, lookup, &row);
+	type = MT_ROW_CFA(&row);
+	rule = MT_ROW_X29_ARM64(&row);
+	ra_rule = MT_ROW_RA_ARM64(&row);
+
+	switch (type) {
+	case MT_CFA_RSP:
+		if (c->bp_lost & 2) {
+			/* sp unknown past a frame record; a function that saved
+			 * x29 at CFA + k and keeps a frame record has x29 =
+			 * CFA + k (stp x29, x30, [sp, #-N]!; mov x29, sp) */
+			if ((c->bp_lost & 1) || rule != MT_RBP_AT_CFA) {
+				c->reason = MT_UC_TRUNC_UNSUPPORTED;
+				return 1;
+			}
+			mt_memo_use_bp(c);
+			cfa = c->bp - (__s64)row.rbp_off * 8;
+		} else {
+			cfa = c->sp + (__s64)row.cfa_off * 8;
+		}
+		break;
+	case MT_CFA_RBP:
+		if (c->bp_lost & 1) {
+			c->reason = MT_UC_TRUNC_UNSUPPORTED;
+			return 1;
+		}
+		mt_memo_use_bp(c);
+		cfa = c->bp + (__s64)row.cfa_off * 8;
+		break;
+	case MT_CFA_END:
+		c->reason = MT_UC_END_OUTERMOST;
+		return 1;
+	case MT_CFA_NONE:
+		/* No CFI here: the frame record at x29. */
+		if (c->bp_lost & 1) {
+			c->reason = MT_UC_TRUNC_NO_TABLE;
+			return 1;
+		}
+		mt_memo_use_bp(c);
+		if (c->bp == 0) {
+			c->reason = MT_UC_END_ZERO;
+			return 1;
+		}
+		if ((c->bp & 7) || c->bp < c->sp || mt_uread16_fast(c->win, c->bp, &p)) {
+			c->reason = MT_UC_TRUNC_NO_TABLE;
+			return 1;
+		}
+		mt_memo_rec(c, c->bp + 8, p.b, 1);
+		mt_memo_bp_read(c, c->bp);
+		bp = p.a;
+		ra = p.b;
+		cfa = c->bp + 16; /* at least: the caller's sp is unknown */
+		from_fp = 1;
+		break;
+	default:
+		c->reason = MT_UC_TRUNC_UNSUPPORTED;
+		return 1;
+	}
+	/* (at an entry or in a leaf nothing was pushed: CFA = sp) */
+	if (cfa < c->sp || (cfa == c->sp && ra_rule != MT_RA_REG)) {
+		c->reason = MT_UC_TRUNC_BAD_FRAME;
+		return 1;
+	}
+	if (from_fp) {
+		c->bp_lost |= 2;
+	} else {
+		slot = cfa + (__s64)row.rbp_off * 8;
+		if (ra_rule != MT_RA_REG || rule == MT_RBP_AT_CFA) {
+			if (mt_uread16_fast(c->win, slot, &p)) {
+				c->reason = MT_UC_TRUNC_READ;
+				return 1;
+			}
+		}
+		if (ra_rule == MT_RA_PAIR) {
+			mt_memo_rec(c, slot + 8, p.b, 1);
+			ra = p.b;
+		} else if (ra_rule == MT_RA_AT_CFA) {
+			mt_memo_rec(c, slot, p.a, 1);
+			ra = p.a;
+		} else if (c->exact_pc && c->win->io.lr) {
+			/* x30 itself: known at the probe only. The memo is not
+			 * keyed by it: this walk is not kept (nw past the limit). */
+			ra = c->win->io.lr;
+			if (c->me)
+				c->me->nw = MT_MEMO_WORDS + 1;
+		} else {
+			c->reason = MT_UC_TRUNC_UNSUPPORTED;
+			return 1;
+		}
+		if (rule == MT_RBP_AT_CFA) {
+			mt_memo_bp_read(c, slot);
+			bp = p.a;
+			c->bp_lost = 0;
+		} else if (rule == MT_RBP_UNKNOWN) {
+			c->bp_lost = 1;
+		} else {
+			c->bp_lost &= 1;
+		}
+	}
+	return mt_unwind_push(c, ra & MT_ARM64_VA_MASK, cfa, bp, from_fp);
+}
+#endif
 
 /* bpf_loop callback: one frame. (Two or four inlined frames per call save
  * a call and a thunked return each, ~3% of W1's probe time, but double or
  * quadruple the verifier's work: 170k -> 300k / 670k instructions.) */
 static long mt_unwind_step_cb(__u64 i, void *arg)
 {
+#ifdef __TARGET_ARCH_arm64
+	return mt_unwind_step_arm64(arg);
+#else
 	return mt_unwind_step(arg);
+#endif
 }
 
 /* CFI walk. Returns -1 when the process has no tables (caller falls back to
@@ -1246,6 +1417,20 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	io->sp = r->sp;
 	io->bp = r->bp;
 	io->pc = r->ip;
+#ifdef __TARGET_ARCH_arm64
+	if (ret_at >= 0) {
+		/* Entry probe: bl left the return address in x30, and the
+		 * probe's placement moved sp by ret_at (nothing read) */
+		io->pc = r->lr & MT_ARM64_VA_MASK;
+		io->sp = r->sp + ret_at;
+		if (!io->pc) {
+			out->nr = 0;
+			return MT_F_NO_STACK;
+		}
+	} else {
+		io->lr = r->lr;
+	}
+#else
 	if (ret_at >= 0) {
 		/* Entry probe: the return address is at [rsp + ret_at], rbp is
 		 * still the caller's. (This read fills the window the memo
@@ -1267,6 +1452,7 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 		if (win->len && ra >= win->base && ra + 16 - win->base <= win->len)
 			key_end = ra + 16 - win->base; /* (else no window: read directly) */
 	}
+#endif
 	win->base0 = win->base;
 	win->len0 = win->len;
 

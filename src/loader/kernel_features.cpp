@@ -188,12 +188,8 @@ std::vector<std::string> describe(const KernelFeatures& k) {
     choice(false, "uprobe attach", "",
            "one perf-event uprobe per probe and process, one program per allocator function, probes where the "
            "return address is at [rsp]");
-#if defined(__aarch64__)
-  choice(false, "stacks", "", "frame pointers only (not supported on aarch64 yet: CFI unwinder)");
-#else
   choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
          "frame pointers only (the CFI unwinder's frame loop needs bpf_loop, 5.17)");
-#endif
   choice(full, "in-flight calls", "task local storage", "hash map keyed by thread id");
   choice(k.exit_group_dead, "process exit", "sched_process_exit's group_dead",
          "last thread found by signal->live (group_dead is newer than this kernel)");

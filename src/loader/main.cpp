@@ -57,12 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--top", o.top, "Leak groups shown per process (default 10)");
   bool no_stacks = false;
   app.add_flag("--no-stacks", no_stacks, "Do not capture call stacks");
-#if defined(__aarch64__)
-  std::string unwind = "fp";  // the CFI unwinder is x86-64 only yet (docs/arm64.md)
-#else
   std::string unwind = "cfi";
-#endif
-  [[maybe_unused]] auto* unwind_opt = app.add_option("--unwind", unwind,
+  app.add_option("--unwind", unwind,
                  "Stack unwinding: cfi (.eh_frame tables in BPF, complete stacks; default) or fp "
                  "(frame pointers only, cheaper)")
       ->check(CLI::IsMember({"cfi", "fp"}));
@@ -160,10 +156,6 @@ int main(int argc, char** argv) {
   if (o.trace_faults || o.rearm_ms > 0) o.faults = true;
 #if defined(__aarch64__)
   // Not written for arm64 yet (docs/arm64.md): one line, exit 2.
-  if (unwind == "cfi" && unwind_opt->count()) {
-    std::cerr << "memtrace-bpf: not supported on aarch64 yet: CFI unwinder (--unwind cfi); --unwind fp is the default here\n";
-    return 2;
-  }
   // --faults and --trace-faults work (a kprobe on handle_mm_fault); --rearm
   // needs the single-step helper's page mode.
   if (o.rearm_ms > 0) {

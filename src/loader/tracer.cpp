@@ -220,12 +220,6 @@ Result<void> Tracer::load() {
     if (const char* a = getenv("MEMTRACE_UPROBE_ATTACH"); a && std::string(a) == "perf")
       attach_mode_ = AttachMode::PerfEvent;
   }
-#if defined(__aarch64__)
-  if (o_.stacks) {
-    o_.cfi = false;
-    kernel_notes_.push_back("stacks: frame pointers only (not supported on aarch64 yet: CFI unwinder)");
-  }
-#endif
   if (attach_mode_ == AttachMode::PerfEvent)
     kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
                             " has no uprobe_multi links (6.6)");

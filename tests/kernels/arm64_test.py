@@ -20,8 +20,11 @@ test: the guest holds the arm64 build's static memtrace-bpf, the test
     page faults (tests/faults/fault_target, cross-compiled here: the arm64
     build leaves tests/faults out) with every page of the buffer charged
     exactly once and one record per user fault (against handle_mm_fault's
-    calls from a tracefs kprobe), and the features not written for arm64 yet (which must say
-    so in one line).
+    calls from a tracefs kprobe), stacks by the CFI unwinder through code
+    without frame pointers (tests/unwind/targets/unwind_target.c and its
+    library, cross-compiled here -O2 -fomit-frame-pointer: each leak's stack
+    through the functions the target calls, to main), and the features not
+    written for arm64 yet (which must say so in one line).
     One result per test; exit 1 if any failed or the VM did not finish.
 """
 import argparse
@@ -82,10 +85,12 @@ def needed(path):
     return (m.group(1) if m else None), re.findall(r"\(NEEDED\)\s+Shared library: \[(\S+)\]", out)
 
 
-def arm64_libs(paths):
+def arm64_libs(paths, own=()):
     """Every shared library the given arm64 ELF files load, transitively, as
-    host paths in the arm64 multiarch dirs; and the interpreters."""
+    host paths in the arm64 multiarch dirs; and the interpreters. own: the
+    test's own libraries (staged by the caller)."""
     libs, interps, todo, seen = set(), set(), list(paths), set()
+    own = {os.path.basename(o) for o in own}
     while todo:
         p = todo.pop()
         if p in seen:
@@ -95,6 +100,8 @@ def arm64_libs(paths):
         if interp:
             interps.add(interp)
         for n in names:
+            if n in own:
+                continue
             for d in LIB_DIRS:
                 cand = os.path.join(d, n)
                 if os.path.exists(cand):
@@ -208,11 +215,30 @@ TARGETS = [  # build-tree files the guest runs
 ]
 
 FAULT_TARGET = "arm64-test/targets/fault_target"  # under the build dir, compiled from tests/faults
+# tests/unwind/targets (not in the arm64 build), as tests/unwind/CMakeLists.txt
+# compiles them: -O2 -fomit-frame-pointer, the library found by rpath.
+UNWIND_DIR = "arm64-test/targets/unwind"
+UNWIND_TARGET = UNWIND_DIR + "/unwind_target"
+UNWIND_LIB = UNWIND_DIR + "/libunwind_nofp.so"
+UNW_MARK = 123457  # unwind_target.c: the one allocation of each mode
+# The leak's stack in each mode, innermost first (the functions unwind_target
+# calls from main; every frame has work after its call: no tail calls). "...":
+# one or more frames of Debian's libc (no .symtab: its static functions have
+# no name), e.g. msort_with_tmp under qsort_r (glibc 2.36's qsort tail-calls
+# it). Past these, the stack must end where the CFI says it ends (_start,
+# the thread's start: x30 undefined), not be cut.
+UNWIND_EXPECT = {
+    "chain": ["c6", "c5", "c4", "c3", "c2", "c1", "run", "main"],
+    "shlib": ["lib_inner", "lib_middle", "lib_entry", "run", "main"],
+    "qsort": ["cmp_ints", "...", "qsort_r", "run", "main"],
+    "thread": ["thread_work", "thread_main"],
+}
 
 TEST_INIT = r"""TOOL=@TOOL@
 STATIC=@STATIC@
 DYN=@DYN@
 FAULT=@FAULT@
+UNW=@UNW@
 launch() {  # NAME ROUNDS PROGRAM: the JSON report, @@STDOUT, the program's output
   echo "@@BEGIN $1$2"
   $TOOL --format json -o /tmp/r.json -- $3 --rounds $2 > /tmp/r.out 2>/tmp/r.err
@@ -277,13 +303,24 @@ rc=$?
 grep "alloc\|free\|return probe\|not supported" /tmp/e.err
 echo "@@END probes.ExplainProbes $rc"
 
+# Stacks through code without frame pointers (the CFI unwinder, the
+# default), and the control: frame pointers alone lose those frames.
+unwind() {  # NAME OPTIONS MODE
+  echo "@@BEGIN $1"
+  $TOOL $2 --format json -o /tmp/u.json -- $UNW $3 > /tmp/u.out 2>/tmp/u.err
+  rc=$?
+  cat /tmp/u.json
+  echo "@@STDERR"
+  cat /tmp/u.err
+  echo "@@END $1 $rc"
+}
+for m in chain shlib qsort thread; do unwind unwind.$m "" $m; done
+unwind unwind.fp.chain "--unwind fp" chain
+
 # What is not written for arm64 yet must say so, in one line.
 echo "@@BEGIN notyet.Rearm"
 $TOOL --trace-faults -p 1 --rearm 100 --range 0x1000-0x2000 2>&1
 echo "@@END notyet.Rearm $?"
-echo "@@BEGIN notyet.UnwindCfi"
-$TOOL --unwind cfi -- $STATIC --rounds 1 2>&1
-echo "@@END notyet.UnwindCfi $?"
 echo "@@BEGIN notyet.Track"
 $TOOL track -- $STATIC --rounds 1 2>&1
 echo "@@END notyet.Track $?"
@@ -316,7 +353,17 @@ def make_test_initramfs(build, work, cache):
             os.path.join(ROOT, "tests", "faults", "fault_target.c")])
     kt.copy_to(stage, ft)
     dynamic.append(ft)
-    libs, interps = arm64_libs(dynamic)
+    ud = os.path.join(build, UNWIND_DIR)
+    os.makedirs(ud, exist_ok=True)
+    src = os.path.join(ROOT, "tests", "unwind", "targets")
+    cc = ["aarch64-linux-gnu-gcc", "-g", "-O2", "-fomit-frame-pointer"]
+    kt.run(cc + ["-shared", "-fPIC", "-o", os.path.join(build, UNWIND_LIB), os.path.join(src, "unwind_nofp.c")])
+    kt.run(cc + ["-o", os.path.join(build, UNWIND_TARGET), os.path.join(src, "unwind_target.c"), "-L" + ud,
+                 "-lunwind_nofp", "-lpthread", "-Wl,-rpath," + ud])
+    for rel in (UNWIND_TARGET, UNWIND_LIB):
+        kt.copy_to(stage, os.path.join(build, rel))
+        dynamic.append(os.path.join(build, rel))
+    libs, interps = arm64_libs(dynamic, own=[UNWIND_LIB])
     for lib in sorted(libs):
         kt.copy_to(payload, lib)
         if lib.startswith("/lib/"):
@@ -329,7 +376,8 @@ def make_test_initramfs(build, work, cache):
     init = INIT_HEAD + (TEST_INIT.replace("@TOOL@", os.path.join(build, "src/loader/memtrace-bpf"))
                         .replace("@STATIC@", os.path.join(build, "tests/targets/alloc_rounds_static"))
                         .replace("@DYN@", os.path.join(build, "tests/targets/alloc_rounds"))
-                        .replace("@FAULT@", os.path.join(build, FAULT_TARGET))) + INIT_TAIL
+                        .replace("@FAULT@", os.path.join(build, FAULT_TARGET))
+                        .replace("@UNW@", os.path.join(build, UNWIND_TARGET))) + INIT_TAIL
     with open(os.path.join(stage, "init"), "w") as f:
         f.write(init)
     os.chmod(os.path.join(stage, "init"), 0o755)
@@ -380,6 +428,63 @@ def stack_result(sec, comm):
                 return False, "leak_here's stack does not reach main: " + " < ".join(fns)
         return False, "no leak group of leak_here: " + json.dumps(p.get("leaks", []))[:1500]
     return False, f"no {comm} process in the report"
+
+
+def unwind_stack(sec, name):
+    """(functions of the UNW_MARK leak's stack, innermost first, or None;
+    cut (stack_truncated); why)."""
+    rc, body = sec.get(name, (None, ""))
+    try:
+        rep = json.loads(body.partition("@@STDERR\n")[0])
+    except ValueError:
+        return None, None, f"exit {rc}, no report: " + why_not(body)
+    for p in rep.get("processes", []):
+        if p.get("comm") != "unwind_target":
+            continue
+        for leak in p.get("leaks", []):
+            if leak.get("bytes") == UNW_MARK:
+                return [f.get("function", "") for f in leak.get("stack", [])], leak.get("stack_truncated"), ""
+        return None, None, "no leak of %d bytes: %s" % (UNW_MARK, json.dumps(p.get("leaks", []))[:1500])
+    return None, None, "no unwind_target process in the report"
+
+
+def follows(fns, want):
+    """fns starts with want ("...": any frames, at least one, up to the next wanted)."""
+    i = 0
+    for k, w in enumerate(want):
+        if w == "...":
+            nxt = want[k + 1]
+            j = i + 1
+            while j < len(fns) and fns[j] != nxt:
+                j += 1
+            if j >= len(fns):
+                return False
+            i = j
+            continue
+        if i >= len(fns) or fns[i] != w:
+            return False
+        i += 1
+    return True
+
+
+def unwind_result(sec, mode):
+    """The CFI walk: the leak's stack goes through the functions the mode
+    calls (no frame pointers anywhere in them), to main or the thread's start."""
+    fns, cut, why = unwind_stack(sec, "unwind." + mode)
+    if fns is None:
+        return False, why
+    want = UNWIND_EXPECT[mode]
+    ok = follows(fns, want) and cut is False and len(fns) > len(want)
+    return ok, " < ".join(fns) + (" (cut)" if cut else " (complete)")
+
+
+def unwind_fp_result(sec):
+    """The control: --unwind fp on the same chain does not have it (the
+    functions keep no frame records; the CFI rows are what finds them)."""
+    fns, _, why = unwind_stack(sec, "unwind.fp.chain")
+    if fns is None:
+        return False, why
+    return not follows(fns, UNWIND_EXPECT["chain"]) and fns[:1] == ["c6"], " < ".join(fns)
 
 
 def fault_expect(out):
@@ -602,10 +707,12 @@ def cmd_test(a):
     rows.append(("faults.ReportChargesEveryPageOnce", *faults_result(sec, "faults.Report")))
     rows.append(("faults.OneRecordPerUserFault", *calls_result(sec)))
     rows.append(("probes.ExplainProbes", *explain_result(sec)))
+    for mode in UNWIND_EXPECT:
+        rows.append((f"unwind.{mode.capitalize()}ReachesItsCallers", *unwind_result(sec, mode)))
+    rows.append(("unwind.FramePointersAloneMissThem", *unwind_fp_result(sec)))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
-    for name, want_rc in (("notyet.Rearm", 2), ("notyet.UnwindCfi", 2),
-                          ("notyet.Track", 2)):
+    for name, want_rc in (("notyet.Rearm", 2), ("notyet.Track", 2)):
         rc, body = sec.get(name, (None, ""))
         ok = rc == want_rc and NOT_YET in body
         rows.append((name, ok, why_not(body) if ok else f"exit {rc}: " + body.strip()[-1500:]))
@@ -616,7 +723,7 @@ def cmd_test(a):
     for name, ok, detail in rows:
         if name.startswith("notyet.") and ok:
             print(f"PASS {name} (says: {detail})")
-        elif name.startswith("faults.") and ok:
+        elif name.startswith(("faults.", "unwind.")) and ok:
             print(f"PASS {name} ({detail})")
         else:
             print(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok or not detail else ": " + detail.replace("\n", "\n    ")))
