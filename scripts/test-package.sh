@@ -1,6 +1,7 @@
 #!/bin/sh
 # The Debian package in a clean Debian 12 chroot: apt install ./memtrace-bpf_*.deb,
-# then memtrace-bpf --check and a launch of the chroot's own ls there.
+# then memtrace-bpf --check and a launch of the chroot's own ls there (also
+# with --inject: the agent library found where the package put it).
 #   sudo scripts/test-package.sh [BUILD_DIR]
 # The debootstrap'd base system is made once (BUILD_DIR/chroot/base) and
 # copied afresh for every run.
@@ -42,6 +43,15 @@ step launch chroot "$T" memtrace-bpf -- /bin/ls /
 case $LAST in
   *"HEAP SUMMARY"*"(ls), exit status 0"*"total heap usage: "*) echo "PASS package.launch_report" ;;
   *) echo "FAIL package.launch_report: no heap summary for ls"; echo "$LAST" | tail -20 | sed 's/^/    /'; fail=1 ;;
+esac
+# --inject finds its agent where the package put it: a launch injected, not
+# traced by uprobes instead.
+step files_agent chroot "$T" sh -c 'ls /usr/lib/*/memtrace-bpf/libmemtrace_agent.so /usr/lib/memtrace-bpf/libmemtrace_agent.so 2>/dev/null | grep -q .'
+step inject chroot "$T" memtrace-bpf --inject -- /bin/ls /
+case $LAST in
+  *"uprobes instead"*) echo "FAIL package.inject_agent: not injected"; echo "$LAST" | head -5 | sed 's/^/    /'; fail=1 ;;
+  *"HEAP SUMMARY"*"(ls), exit status 0"*) echo "PASS package.inject_agent" ;;
+  *) echo "FAIL package.inject_agent: no heap summary for ls"; echo "$LAST" | tail -20 | sed 's/^/    /'; fail=1 ;;
 esac
 step remove chroot "$T" apt-get remove -y -q memtrace-bpf
 [ $fail -eq 0 ] && echo "== PASS: the package installs, runs and is removed in a clean Debian 12 chroot" || echo "== FAIL"

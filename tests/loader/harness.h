@@ -21,6 +21,11 @@ namespace memtrace::testing {
 // (its stderr and stdout go to the pipe).
 struct ValgrindCounts {
   long inuse = -1, blocks = -1, allocs = -1, frees = -1, bytes = -1;
+  // One line to compare, valgrind's against a report's (counts_of).
+  std::string str() const {
+    return "allocs " + std::to_string(allocs) + " frees " + std::to_string(frees) + " bytes " + std::to_string(bytes) +
+           " in use " + std::to_string(inuse) + " bytes in " + std::to_string(blocks) + " blocks";
+  }
 };
 inline ValgrindCounts valgrind_counts(const std::string& cmd) {
   FILE* f = popen(cmd.c_str(), "r");
@@ -39,16 +44,23 @@ inline ValgrindCounts valgrind_counts(const std::string& cmd) {
   return v;
 }
 
-// The SQL script the valgrind comparisons feed sqlite3 on stdin (a table
-// of 2000 rows, an index, an update, a query); its path.
-inline std::string sqlite_script() {
-  std::string sql = "/tmp/memtrace-test-sqlite.sql";
-  std::ofstream s(sql);
-  s << "CREATE TABLE t(a INTEGER, b TEXT);\nBEGIN;\n";
-  for (int i = 0; i < 2000; i++) s << "INSERT INTO t VALUES(" << i << ", 'row" << i * 7 << "');\n";
-  s << "COMMIT;\nCREATE INDEX ti ON t(b);\nUPDATE t SET b = b || 'x' WHERE a % 3 = 0;\n"
-    << "SELECT count(*), sum(length(b)) FROM t;\n";
-  return sql;
+// valgrind's counts of sqlite3 on the script the valgrind comparisons feed
+// it on stdin (a table of 2000 rows, an index, an update, a query), written
+// to *sql; or why not in *missing.
+inline ValgrindCounts sqlite_valgrind_counts(std::string* sql, std::string* missing) {
+  if (access("/usr/bin/valgrind", X_OK) != 0 || access("/usr/bin/sqlite3", X_OK) != 0) {
+    *missing = "valgrind or sqlite3 missing (scripts/deps.txt installs them)";
+    return {};
+  }
+  *sql = "/tmp/memtrace-test-sqlite.sql";
+  {
+    std::ofstream s(*sql);
+    s << "CREATE TABLE t(a INTEGER, b TEXT);\nBEGIN;\n";
+    for (int i = 0; i < 2000; i++) s << "INSERT INTO t VALUES(" << i << ", 'row" << i * 7 << "');\n";
+    s << "COMMIT;\nCREATE INDEX ti ON t(b);\nUPDATE t SET b = b || 'x' WHERE a % 3 = 0;\n"
+      << "SELECT count(*), sum(length(b)) FROM t;\n";
+  }
+  return valgrind_counts("valgrind --run-libc-freeres=no /usr/bin/sqlite3 :memory: < " + *sql + " 2>&1 >/dev/null");
 }
 
 inline std::string tool() { return MEMTRACE_BIN; }
@@ -197,6 +209,10 @@ inline PerRound parse_per_round(const std::string& out) {
 }
 
 inline long u(const nlohmann::json& p, const char* k) { return p["summary"][k].get<long>(); }
+// A report's process summary as valgrind's counts.
+inline ValgrindCounts counts_of(const nlohmann::json& p) {
+  return {u(p, "in_use_bytes"), u(p, "in_use_blocks"), u(p, "allocs"), u(p, "frees"), u(p, "bytes_allocated")};
+}
 
 // `memtrace-bpf --check` on this kernel (run once): tests of features a
 // kernel may lack (bpf_find_vma before 5.17, ...) assert what the tool does

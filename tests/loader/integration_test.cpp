@@ -548,11 +548,9 @@ TEST_F(Tracing, SignalsDetachEveryProbeAndTheTargetRunsOn) {
 
 // valgrind --run-libc-freeres=no and the tool agree on a real program.
 TEST_F(Tracing, AgreesWithValgrindOnSqlite) {
-  if (access("/usr/bin/valgrind", X_OK) != 0 || access("/usr/bin/sqlite3", X_OK) != 0)
-    MEMTRACE_SKIP_OR_FAIL("valgrind or sqlite3 missing (scripts/deps.txt installs them)");
-  std::string sql = sqlite_script();
-  ValgrindCounts v = valgrind_counts("valgrind --run-libc-freeres=no /usr/bin/sqlite3 :memory: < " + sql +
-                                     " 2>&1 >/dev/null");
+  std::string sql, missing;
+  ValgrindCounts v = sqlite_valgrind_counts(&sql, &missing);
+  if (!missing.empty()) MEMTRACE_SKIP_OR_FAIL(missing);
   ASSERT_GT(v.allocs, 1000);
 
   // stdin comes from the SQL file.
@@ -563,11 +561,7 @@ TEST_F(Tracing, AgreesWithValgrindOnSqlite) {
   json j = json::parse(rf, nullptr, false);
   const json* p = find_comm(j, "sqlite3");
   ASSERT_TRUE(p) << j.dump();
-  EXPECT_EQ(u(*p, "allocs"), v.allocs);
-  EXPECT_EQ(u(*p, "frees"), v.frees);
-  EXPECT_EQ(u(*p, "bytes_allocated"), v.bytes);
-  EXPECT_EQ(u(*p, "in_use_blocks"), v.blocks);
-  EXPECT_EQ(u(*p, "in_use_bytes"), v.inuse);
+  EXPECT_EQ(counts_of(*p).str(), v.str());
   unlink(rep.c_str());
 }
 
@@ -674,11 +668,7 @@ TEST_F(Tracing, CxxAlignedNewAgreesWithValgrind) {
   ValgrindCounts v = valgrind_counts("valgrind --run-libc-freeres=no --run-cxx-freeres=no " + target("cxx_new") +
                                      " --rounds " + std::to_string(R) + " 2>&1 >/dev/null");
   ASSERT_GT(v.allocs, R * per.allocs);
-  EXPECT_EQ(u(*pn, "allocs"), v.allocs);
-  EXPECT_EQ(u(*pn, "frees"), v.frees);
-  EXPECT_EQ(u(*pn, "bytes_allocated"), v.bytes);
-  EXPECT_EQ(u(*pn, "in_use_blocks"), v.blocks);
-  EXPECT_EQ(u(*pn, "in_use_bytes"), v.inuse);
+  EXPECT_EQ(counts_of(*pn).str(), v.str());
 }
 
 // The same sizes when the tool attaches to a running program (-p), catches
