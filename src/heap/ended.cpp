@@ -142,7 +142,7 @@ struct HeapModel::SealJob {
   size_t next = 0;
   std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // rekeyed so far
   std::unordered_map<uint64_t, std::vector<Span>> spans;
-  std::unordered_map<uint64_t, Block>::iterator live_at;
+  AddrMap<Block>::iterator live_at;
   std::vector<Loc> locs;  // one stack's, reused
   uint64_t ns = 0;
 };

@@ -19,7 +19,6 @@ Process& HeapModel::process(pid_t pid) {
   if (!slot) {
     slot = std::make_unique<Process>();
     slot->pid = pid;
-    slot->live.reserve(1024);
   }
   last_ = slot.get();
   return *slot;
@@ -276,7 +275,6 @@ Process& HeapModel::fresh(pid_t pid) {
   if (slot && own_activity(*slot)) ended(std::move(slot));
   slot = std::make_unique<Process>();
   slot->pid = pid;
-  slot->live.reserve(1024);
   last_ = slot.get();
   return *slot;
 }

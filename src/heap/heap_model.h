@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "heap/addr_map.h"
 #include "memtrace.h"
 
 namespace memtrace::heap {
@@ -29,7 +30,7 @@ struct Block {
   uint64_t ts = 0;
   bool touched = false;  // a page fault landed in it (fault tracking on)
   // The model's own: Process::stack_allocs[stack_id] of the block's process
-  // (saves a lookup per free; the map node costs the same 64 bytes with it).
+  // (saves a lookup per free).
   StackAllocs* stack = nullptr;
 };
 
@@ -211,7 +212,7 @@ struct Process {
   std::unordered_map<uint32_t, uint64_t> last_alloc_by_tid;
   std::vector<StackAllocs*> peak_dirty;
   Lifetimes lifetimes;  // of freed blocks, malloc family
-  std::unordered_map<uint64_t, Block> live;
+  AddrMap<Block> live;  // by address (open addressing: an insert or erase moves other entries)
   std::unordered_map<uint64_t, StackAllocs> stack_allocs;  // by stack id: malloc family only
   // For the temporal flame graph: by stack id, sorted by (alloc_bucket,
   // free_bucket); at most kSpanBuckets buckets from span_t0 on.
