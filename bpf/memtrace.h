@@ -258,19 +258,27 @@ struct mt_unwind_row {
  *                  (MT_CFA_RBP: DWARF 29); MT_CFA_RBP_DEREF and MT_CFA_PLT
  *                  are not made: a .plt stub is MT_CFA_RSP + 0, x30 in
  *                  its register (no CFI, nothing pushed)
- *   kind >> 4 & 3  enum mt_rbp_rule for x29 (MT_RBP_AT_RBP is not made)
+ *   kind >> 4 & 3  enum mt_rbp_rule for x29, MT_RBP_AT_RBP read as
+ *                  MT_X29_AT_BASE_ARM64 (below)
  *   kind >> 6      enum mt_ra_rule_arm64: where x30, the return address, is
  *   cfa_off        CFA offset / 8, as on x86-64
- *   rbp_off        / 8: x29's slot from the CFA (MT_RBP_AT_CFA), or x30's
- *                  (MT_RA_AT_CFA, x29 not saved there)
+ *   rbp_off        / 8: the save slot of x29 (MT_RBP_AT_CFA, x30 maybe
+ *                  right above it) or of x30 alone (MT_RA_AT_CFA), from the
+ *                  CFA; or, for the _AT_BASE rules, from the register the
+ *                  CFA is on (CFA - cfa_off * 8: sp or x29). gcc puts the
+ *                  frame record at the bottom of a frame (sub sp, sp,
+ *                  #4304; stp x29, x30, [sp]: x29 at CFA-4304, sp + 0),
+ *                  clang near its top: the one that fits the byte is kept.
  * Pointer authentication: return addresses read by the walk are masked to
  * the user VA bits (MT_ARM64_VA_MASK), whatever DW_CFA_AARCH64_negate_ra_state
  * said (parsed, not needed). */
 enum mt_ra_rule_arm64 {
 	MT_RA_REG = 0,     /* in x30 (the CIE's default: entry, leaf, PLT): known in the first frame only */
-	MT_RA_PAIR = 1,    /* at CFA + rbp_off * 8 + 8: saved with x29 (stp x29, x30); x29 rule MT_RBP_AT_CFA */
+	MT_RA_PAIR = 1,    /* right above x29's slot: saved with it (stp x29, x30); x29 saved (_AT_CFA or _AT_BASE) */
 	MT_RA_AT_CFA = 2,  /* at CFA + rbp_off * 8; x29 not saved in this frame (MT_RBP_SAME or UNKNOWN) */
+	MT_RA_AT_BASE = 3, /* at CFA + (rbp_off - cfa_off) * 8; x29 not saved either */
 };
+#define MT_X29_AT_BASE_ARM64 MT_RBP_AT_RBP /* x29 at CFA + (rbp_off - cfa_off) * 8 */
 #define MT_ROW_X29_ARM64(r) (((r)->kind >> 4) & 3)
 #define MT_ROW_RA_ARM64(r) ((r)->kind >> 6)
 /* User addresses on arm64 Linux (48-bit VA; the bits above hold a PAC or a

@@ -955,8 +955,9 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 /* One arm64 frame (issue 20): the row read as bpf/memtrace.h's arm64 rows
  * say. The CFA is the caller's sp, on sp or x29; the return address is
  * x30: in its register (the first frame only: an exact pc in a leaf, a
- * .plt stub, a function's entry), or saved at the CFA, usually next to x29
- * (stp x29, x30). No row: the frame record ([x29] = the caller's x29,
+ * .plt stub, a function's entry), or saved in the frame, usually next to
+ * x29 (stp x29, x30), the slot k words from the CFA (a row keeps it from
+ * the CFA or from the CFA's register: memtrace.h). No row: the frame record ([x29] = the caller's x29,
  * [x29+8] = x30), which does not tell the caller's sp: c->bp_lost bit 1
  * (bit 0: x29 lost) until a row gives it back. Return addresses lose
  * their PAC bits (MT_ARM64_VA_MASK). */
@@ -965,7 +966,8 @@ static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
 	struct mt_unwind_row row = {};
 	struct mt_unwind_pair p = {};
 	__u64 cfa, ra = 0, bp = c->bp, lookup, slot;
-	__u32 type, rule, ra_rule;
+	__u32 type, rule, ra_rule, x29_saved;
+	__s64 k; /* the save slot, in words from the CFA */
 	int from_fp = 0;
 
 	if (!c->proc || !c->out || !c->win || !c->rc)
@@ -975,6 +977,10 @@ static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
 	type = MT_ROW_CFA(&row);
 	rule = MT_ROW_X29_ARM64(&row);
 	ra_rule = MT_ROW_RA_ARM64(&row);
+	x29_saved = rule == MT_RBP_AT_CFA || rule == MT_X29_AT_BASE_ARM64;
+	k = row.rbp_off;
+	if (rule == MT_X29_AT_BASE_ARM64 || ra_rule == MT_RA_AT_BASE)
+		k -= row.cfa_off; /* kept from sp or x29, the CFA's register */
 
 	switch (type) {
 	case MT_CFA_RSP:
@@ -982,12 +988,12 @@ static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
 			/* sp unknown past a frame record; a function that saved
 			 * x29 at CFA + k and keeps a frame record has x29 =
 			 * CFA + k (stp x29, x30, [sp, #-N]!; mov x29, sp) */
-			if ((c->bp_lost & 1) || rule != MT_RBP_AT_CFA) {
+			if ((c->bp_lost & 1) || !x29_saved) {
 				c->reason = MT_UC_TRUNC_UNSUPPORTED;
 				return 1;
 			}
 			mt_memo_use_bp(c);
-			cfa = c->bp - (__s64)row.rbp_off * 8;
+			cfa = c->bp - k * 8;
 		} else {
 			cfa = c->sp + (__s64)row.cfa_off * 8;
 		}
@@ -1037,8 +1043,8 @@ static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
 	if (from_fp) {
 		c->bp_lost |= 2;
 	} else {
-		slot = cfa + (__s64)row.rbp_off * 8;
-		if (ra_rule != MT_RA_REG || rule == MT_RBP_AT_CFA) {
+		slot = cfa + k * 8;
+		if (ra_rule != MT_RA_REG || x29_saved) {
 			if (mt_uread16_fast(c->win, slot, &p)) {
 				c->reason = MT_UC_TRUNC_READ;
 				return 1;
@@ -1047,7 +1053,7 @@ static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
 		if (ra_rule == MT_RA_PAIR) {
 			mt_memo_rec(c, slot + 8, p.b, 1);
 			ra = p.b;
-		} else if (ra_rule == MT_RA_AT_CFA) {
+		} else if (ra_rule == MT_RA_AT_CFA || ra_rule == MT_RA_AT_BASE) {
 			mt_memo_rec(c, slot, p.a, 1);
 			ra = p.a;
 		} else if (c->exact_pc && c->win->io.lr) {
@@ -1060,7 +1066,7 @@ static __always_inline long mt_unwind_step_arm64(struct mt_unwind_ctx *c)
 			c->reason = MT_UC_TRUNC_UNSUPPORTED;
 			return 1;
 		}
-		if (rule == MT_RBP_AT_CFA) {
+		if (x29_saved) {
 			mt_memo_bp_read(c, slot);
 			bp = p.a;
 			c->bp_lost = 0;

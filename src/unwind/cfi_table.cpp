@@ -570,45 +570,67 @@ FdeRows plt_rows_arm64(const uint8_t* code, size_t size, uint64_t addr) {
 
 mt_unwind_row encode_row_arm64(const RowInfo& in) {
   RowInfo r = in;
-  mt_unwind_row out{};
-  auto slot_fits = [](int64_t off) { return off % 8 == 0 && off / 8 >= INT8_MIN && off / 8 <= INT8_MAX; };
   if (r.cfa == MT_CFA_RSP || r.cfa == MT_CFA_RBP) {
     if (r.cfa_off % 8 != 0 || r.cfa_off / 8 < INT16_MIN || r.cfa_off / 8 > INT16_MAX) r.cfa = MT_CFA_UNSUPPORTED;
   } else if (r.cfa != MT_CFA_NONE && r.cfa != MT_CFA_END) {
     r.cfa = MT_CFA_UNSUPPORTED;  // (no expressions kept on aarch64)
   }
-  if (r.rbp == MT_RBP_AT_RBP || (r.rbp == MT_RBP_AT_CFA && !slot_fits(r.rbp_off))) r.rbp = MT_RBP_UNKNOWN;
+  if (r.cfa != MT_CFA_RSP && r.cfa != MT_CFA_RBP) return mt_unwind_row{0, 0, r.cfa, 0};
+  // A save slot (bytes from the CFA) into the byte: from the CFA, or from
+  // the CFA's register (sp or x29: gcc's frame records at a frame's bottom).
+  auto place = [&](int64_t off, int64_t* stored, bool* base) {
+    auto fits = [](int64_t v) { return v % 8 == 0 && v / 8 >= INT8_MIN && v / 8 <= INT8_MAX; };
+    if (fits(off)) {
+      *stored = off / 8;
+      *base = false;
+      return true;
+    }
+    if (fits(off + r.cfa_off)) {
+      *stored = (off + r.cfa_off) / 8;
+      *base = true;
+      return true;
+    }
+    return false;
+  };
+  if (r.rbp == MT_RBP_AT_RBP) r.rbp = MT_RBP_UNKNOWN;
+  int64_t x29_slot = 0, ra_slot = 0;
+  bool x29_base = false, ra_base = false;
+  if (r.rbp == MT_RBP_AT_CFA && !place(r.rbp_off, &x29_slot, &x29_base)) r.rbp = MT_RBP_UNKNOWN;
   uint8_t ra = MT_RA_REG;
-  int64_t slot = r.rbp == MT_RBP_AT_CFA ? r.rbp_off : 0;
+  int64_t slot = r.rbp == MT_RBP_AT_CFA ? x29_slot : 0;
   if (r.ra == MT_RA_AT_CFA || r.ra == MT_RA_PAIR) {
     if (r.rbp == MT_RBP_AT_CFA && r.ra_off == r.rbp_off + 8) {
       ra = MT_RA_PAIR;
-    } else if (slot_fits(r.ra_off)) {
+    } else if (place(r.ra_off, &ra_slot, &ra_base)) {
       // one slot: x30's wins (x29 saved elsewhere is given up)
       if (r.rbp == MT_RBP_AT_CFA) r.rbp = MT_RBP_UNKNOWN;
-      ra = MT_RA_AT_CFA;
-      slot = r.ra_off;
+      ra = ra_base ? MT_RA_AT_BASE : MT_RA_AT_CFA;
+      slot = ra_slot;
     } else {
-      r.cfa = MT_CFA_UNSUPPORTED;
+      return mt_unwind_row{0, 0, MT_CFA_UNSUPPORTED, 0};
     }
   }
-  if (r.cfa != MT_CFA_RSP && r.cfa != MT_CFA_RBP) return mt_unwind_row{0, 0, r.cfa, 0};
+  uint8_t x29 = r.rbp == MT_RBP_AT_CFA && x29_base ? MT_X29_AT_BASE_ARM64 : r.rbp;
+  mt_unwind_row out{};
   out.cfa_off = static_cast<int16_t>(r.cfa_off / 8);
-  out.kind = static_cast<uint8_t>(r.cfa | (r.rbp << 4) | (ra << 6));
-  out.rbp_off = static_cast<int8_t>(slot / 8);
+  out.kind = static_cast<uint8_t>(r.cfa | (x29 << 4) | (ra << 6));
+  out.rbp_off = static_cast<int8_t>(slot);
   return out;
 }
 
 RowInfo decode_row_arm64(const mt_unwind_row& row) {
   RowInfo r;
   r.cfa = MT_ROW_CFA(&row);
-  r.rbp = MT_ROW_X29_ARM64(&row);
   r.cfa_off = int64_t(row.cfa_off) * 8;
-  int64_t slot = int64_t(row.rbp_off) * 8;
+  uint8_t x29 = MT_ROW_X29_ARM64(&row), ra = MT_ROW_RA_ARM64(&row);
+  bool base = x29 == MT_X29_AT_BASE_ARM64 || ra == MT_RA_AT_BASE;
+  int64_t slot = (int64_t(row.rbp_off) - (base ? row.cfa_off : 0)) * 8;  // from the CFA
+  r.rbp = x29 == MT_X29_AT_BASE_ARM64 ? MT_RBP_AT_CFA : x29;
   if (r.rbp == MT_RBP_AT_CFA) r.rbp_off = slot;
-  switch (MT_ROW_RA_ARM64(&row)) {
+  switch (ra) {
     case MT_RA_PAIR: r.ra = MT_RA_AT_CFA; r.ra_off = slot + 8; break;
-    case MT_RA_AT_CFA: r.ra = MT_RA_AT_CFA; r.ra_off = slot; break;
+    case MT_RA_AT_CFA:
+    case MT_RA_AT_BASE: r.ra = MT_RA_AT_CFA; r.ra_off = slot; break;
     default: r.ra = MT_RA_REG; break;
   }
   return r;

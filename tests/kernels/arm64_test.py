@@ -478,6 +478,29 @@ def unwind_result(sec, mode):
     return ok, " < ".join(fns) + (" (cut)" if cut else " (complete)")
 
 
+def large_frame_result(sec):
+    """fault_target's main (-O0, a 4 KiB buffer) keeps its frame record at
+    the bottom of a 4304-byte frame (sub sp, sp, #4304; stp x29, x30, [sp]):
+    x29's and x30's slots 4304 bytes below the CFA, kept from sp in the row.
+    alloc_buffer's stack (faults.Report's biggest site) must go on through
+    main to _start, not be cut there. Also the report's walk counters."""
+    rc, body = sec.get("faults.Report", (None, ""))
+    try:
+        rep = json.loads(body.partition("@@STDOUT\n")[0])
+        ps = [p for p in rep["processes"] if p.get("comm") == "fault_target"]
+        site = fault_site(ps[0]["faults"]["by_stack"], "alloc_buffer")
+    except (ValueError, KeyError, IndexError):
+        return False, f"exit {rc}, no report with alloc_buffer's site: " + why_not(body)
+    if not site:
+        return False, "no alloc_buffer site"
+    fns = [f.get("function", "") for f in site["stack"]]
+    st = rep.get("stats", {})
+    figures = (" < ".join(fns) + (" (cut)" if site.get("stack_truncated") else " (complete)") +
+               "; stacks %s, cut unsupported %s" % (st.get("unwind_stacks"), st.get("unwind_trunc_unsupported")))
+    ok = fns[:2] == ["alloc_buffer", "main"] and fns[-1:] == ["_start"] and site.get("stack_truncated") is False
+    return ok, figures
+
+
 def unwind_fp_result(sec):
     """The control: --unwind fp on the same chain does not have it (the
     functions keep no frame records; the CFI rows are what finds them)."""
@@ -710,6 +733,7 @@ def cmd_test(a):
     for mode in UNWIND_EXPECT:
         rows.append((f"unwind.{mode.capitalize()}ReachesItsCallers", *unwind_result(sec, mode)))
     rows.append(("unwind.FramePointersAloneMissThem", *unwind_fp_result(sec)))
+    rows.append(("unwind.LargeFrameRecordAtTheBottom", *large_frame_result(sec)))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
     for name, want_rc in (("notyet.Rearm", 2), ("notyet.Track", 2)):

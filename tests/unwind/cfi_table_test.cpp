@@ -527,10 +527,32 @@ TEST(CfiTableArm64, EncodingKeepsWhatFits) {
   EXPECT_EQ(back.rbp, MT_RBP_UNKNOWN);
   EXPECT_EQ(back.ra, MT_RA_AT_CFA);
   EXPECT_EQ(back.ra_off, -8);
-  // a slot past 1 KiB from the CFA does not fit the signed byte: unsupported
+  // gcc's large frames: the record at the bottom (sub sp, sp, #4304; stp
+  // x29, x30, [sp]), 4304 bytes below the CFA, is kept from sp
+  RowInfo big = pair;
+  big.cfa_off = 4304;
+  big.rbp_off = -4304;
+  big.ra_off = -4296;
+  w = encode_row_arm64(big);
+  EXPECT_EQ(MT_ROW_X29_ARM64(&w), MT_X29_AT_BASE_ARM64);
+  EXPECT_EQ(MT_ROW_RA_ARM64(&w), MT_RA_PAIR);
+  EXPECT_EQ(w.rbp_off, 0);
+  back = decode_row_arm64(w);
+  EXPECT_EQ(back.rbp, MT_RBP_AT_CFA);
+  EXPECT_EQ(back.rbp_off, -4304);
+  EXPECT_EQ(back.ra_off, -4296);
+  RowInfo alone = big;  // x30 alone there
+  alone.rbp = MT_RBP_SAME;
+  w = encode_row_arm64(alone);
+  EXPECT_EQ(MT_ROW_RA_ARM64(&w), MT_RA_AT_BASE);
+  back = decode_row_arm64(w);
+  EXPECT_EQ(back.rbp, MT_RBP_SAME);
+  EXPECT_EQ(back.ra_off, -4296);
+  // a slot more than 1 KiB from both the CFA and sp: unsupported
   RowInfo far = pair;
   far.rbp = MT_RBP_SAME;
-  far.ra_off = -2048;
+  far.cfa_off = 8192;
+  far.ra_off = -4096;
   EXPECT_EQ(decode_row_arm64(encode_row_arm64(far)).cfa, MT_CFA_UNSUPPORTED);
   // x86-64's kinds that do not exist on aarch64
   RowInfo plt;
