@@ -198,7 +198,13 @@ bool breg6(const uint8_t* e, size_t n, bool deref, int64_t* k) {
   return r.p == r.end;
 }
 
-RowInfo to_info(const State& s) {
+// x86-64: the return address at CFA-8 (else unsupported), the CFA on rsp or
+// rbp or one of the two expressions, rbp saved at the CFA or by breg6.
+// aarch64: the CFA on sp or x29, no expressions; x30 (the return address
+// column) still in its register (unset or same value: the CIE says nothing
+// about it, so at every entry and in leaf functions) or saved at the CFA.
+// Both: the return address undefined is the outermost frame (_start).
+RowInfo to_info(const State& s, const Arch& a) {
   RowInfo row;
   row.cfa = MT_CFA_UNSUPPORTED;
   row.rbp = MT_RBP_SAME;
@@ -206,17 +212,26 @@ RowInfo to_info(const State& s) {
     row.cfa = MT_CFA_END;
     return row;
   }
-  if (s.ra.kind != Rule::kOffset || s.ra.off != -8) return row;  // unsupported
+  if (a.arm64) {
+    if (s.ra.kind == Rule::kOffset) {
+      row.ra = MT_RA_AT_CFA;
+      row.ra_off = s.ra.off;
+    } else if (s.ra.kind != Rule::kUnset && s.ra.kind != Rule::kSame) {
+      return row;  // in another register, an expression
+    }
+  } else if (s.ra.kind != Rule::kOffset || s.ra.off != -8) {
+    return row;  // unsupported
+  }
   int64_t k = 0;
   if (!s.cfa_expr) {
-    if (s.cfa_reg == kRegRsp) row.cfa = MT_CFA_RSP;
-    else if (s.cfa_reg == kRegRbp) row.cfa = MT_CFA_RBP;
+    if (s.cfa_reg == a.sp) row.cfa = MT_CFA_RSP;
+    else if (s.cfa_reg == a.fp) row.cfa = MT_CFA_RBP;
     else return row;
     row.cfa_off = s.cfa_off;
-  } else if (int t = plt_threshold(s.expr, s.expr_len); t >= 0) {
+  } else if (int t = a.arm64 ? -1 : plt_threshold(s.expr, s.expr_len); t >= 0) {
     row.cfa = MT_CFA_PLT;
     row.cfa_off = t;
-  } else if (breg6(s.expr, s.expr_len, true, &k)) {
+  } else if (!a.arm64 && breg6(s.expr, s.expr_len, true, &k)) {
     row.cfa = MT_CFA_RBP_DEREF;
     row.cfa_off = k;
   } else {
@@ -232,7 +247,7 @@ RowInfo to_info(const State& s) {
       row.rbp_off = s.rbp.off;
       break;
     case Rule::kExpr:
-      if (breg6(s.rbp.expr, s.rbp.len, false, &k)) {
+      if (!a.arm64 && breg6(s.rbp.expr, s.rbp.len, false, &k)) {
         row.rbp = MT_RBP_AT_RBP;
         row.rbp_off = k;
       } else {
@@ -247,49 +262,8 @@ RowInfo to_info(const State& s) {
   return row;
 }
 
-// aarch64: CFA on sp or x29; x29 saved at the CFA or not touched; x30 (the
-// return address column) still in its register (unset or same value: the
-// CIE says nothing about it, so at every entry and in leaf functions), saved
-// at the CFA, or undefined (_start, thread starts).
-RowInfo to_info_arm64(const State& s) {
-  RowInfo row;
-  row.cfa = MT_CFA_UNSUPPORTED;
-  row.rbp = MT_RBP_SAME;
-  if (s.ra.kind == Rule::kUndef) {
-    row.cfa = MT_CFA_END;
-    return row;
-  }
-  if (s.cfa_expr) return row;
-  if (s.cfa_reg == kRegSp64) row.cfa = MT_CFA_RSP;
-  else if (s.cfa_reg == kRegX29) row.cfa = MT_CFA_RBP;
-  else return row;
-  row.cfa_off = s.cfa_off;
-  switch (s.rbp.kind) {
-    case Rule::kUnset:
-    case Rule::kSame: row.rbp = MT_RBP_SAME; break;
-    case Rule::kOffset:
-      row.rbp = MT_RBP_AT_CFA;
-      row.rbp_off = s.rbp.off;
-      break;
-    default: row.rbp = MT_RBP_UNKNOWN; break;
-  }
-  switch (s.ra.kind) {
-    case Rule::kUnset:
-    case Rule::kSame: row.ra = MT_RA_REG; break;
-    case Rule::kOffset:
-      row.ra = MT_RA_AT_CFA;
-      row.ra_off = s.ra.off;
-      break;
-    default:  // in another register, an expression
-      row = RowInfo{};
-      row.cfa = MT_CFA_UNSUPPORTED;
-      break;
-  }
-  return row;
-}
-
 mt_unwind_row to_row(const State& s, const Arch& a) {
-  return a.arm64 ? encode_row_arm64(to_info_arm64(s)) : encode_row(to_info(s));
+  return a.arm64 ? encode_row_arm64(to_info(s, a)) : encode_row(to_info(s, a));
 }
 
 bool same_row(const mt_unwind_row& a, const mt_unwind_row& b) {
