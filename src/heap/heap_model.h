@@ -209,7 +209,7 @@ struct Process {
   // bytes changed since the peak.
   uint32_t cur_tid = 0;
   uint64_t cur_tid_last = 0;
-  std::unordered_map<uint32_t, uint64_t> last_alloc_by_tid;
+  AddrMap<uint64_t> last_alloc_by_tid;  // by tid (no node per thread switch)
   std::vector<StackAllocs*> peak_dirty;
   Lifetimes lifetimes;  // of freed blocks, malloc family
   AddrMap<Block> live;  // by address (open addressing: an insert or erase moves other entries)
