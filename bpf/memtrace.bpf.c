@@ -596,8 +596,14 @@ int mt_enter_mmap(struct trace_event_raw_sys_enter *ctx)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!traced(pid_tgid >> 32))
 		return 0;
-	/* len, prot, flags, fd */
+	/* len, prot, flags, fd; the offset (pages) for MT_EV_MAPFILE */
 	save_args(pid_tgid, ctx->args[1], ctx->args[2], ctx->args[3], ctx->args[4]);
+	if (system_wide) {
+		__u32 tid = (__u32)pid_tgid;
+		struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+		if (a)
+			a->pgoff_pages = ctx->args[5] >> 12;
+	}
 	return 0;
 }
 
@@ -642,6 +648,47 @@ static __always_inline void proc_event(__u32 kind, __u32 flags, __u64 pid_tgid, 
 	bpf_ringbuf_submit(e, 0);
 }
 
+/* MT_EV_MAPFILE of an executable file mapping of the current task
+ * (system-wide: the loader may never read this process's maps). The file
+ * is fd's; a record that does not fit is counted as a lost lifecycle one. */
+static __always_inline struct mt_map_event *map_event_reserve(__u64 pid_tgid, struct file *f)
+{
+	struct mt_map_event *e;
+
+	if (!f)
+		return 0;
+	e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
+	if (!e) {
+		count(MT_C_RINGBUF_FULL);
+		return 0;
+	}
+	fill_hdr(&e->h, MT_EV_MAPFILE, 0, pid_tgid);
+	e->ino = BPF_CORE_READ(f, f_inode, i_ino);
+	e->dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	return e;
+}
+
+static __always_inline void map_event_lib(__u64 pid_tgid, __u64 start, __u64 len, __u64 pgoff, __s32 fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct file **fds = BPF_CORE_READ(task, files, fdt, fd);
+	__u32 max = BPF_CORE_READ(task, files, fdt, max_fds);
+	struct file *f = 0;
+	struct mt_map_event *e;
+
+	if (fd < 0 || (__u32)fd >= max || bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
+		return;
+	e = map_event_reserve(pid_tgid, f);
+	if (!e)
+		return;
+	e->start = start;
+	e->end = start + len;
+	e->pgoff = pgoff;
+	e->is_exe = 0;
+	bpf_probe_read_kernel_str(e->path, sizeof(e->path), BPF_CORE_READ(f, f_path.dentry, d_name.name));
+	bpf_ringbuf_submit(e, 0);
+}
+
 SEC("tracepoint/syscalls/sys_exit_mmap")
 int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 {
@@ -678,6 +725,7 @@ int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 		 * loader reads the mappings while the process lives, not when the
 		 * events ring's backlog reaches this record (a short process was
 		 * gone by then: its frames stayed unsymbolized). */
+		map_event_lib(pid_tgid, ret, args.a0, (__u64)args.pgoff_pages << 12, (__s32)args.a3);
 		proc_event(MT_EV_LIBMAP, 0, pid_tgid, 0, 0, ret, args.a0);
 	} else if (stop_on_exec_mappings && (args.a1 & PROT_EXEC) && (__s32)args.a3 >= 0) {
 		struct mt_target *t = bpf_map_lookup_elem(&targets, &tgid);
@@ -780,6 +828,42 @@ static __always_inline bool comm_matches(void)
 	return false;
 }
 
+/* MT_EV_MAPFILE of the program an exec starts (system-wide): its code's
+ * range (mm's start_code: the first executable PT_LOAD's address), the
+ * file really executed (a script's interpreter), and in pgoff the
+ * interpreter's (ld.so's) load address from the auxiliary vector. */
+#define MT_AUXV_PAIRS 32
+static __always_inline void map_event_exe(__u64 pid_tgid, struct task_struct *p, struct linux_binprm *bprm)
+{
+	struct mm_struct *mm = BPF_CORE_READ(p, mm);
+	struct mt_map_event *e;
+	__u64 base = 0;
+
+	if (!mm)
+		return;
+	e = map_event_reserve(pid_tgid, BPF_CORE_READ(bprm, file));
+	if (!e)
+		return;
+	e->start = BPF_CORE_READ(mm, start_code);
+	e->end = BPF_CORE_READ(mm, end_code);
+	e->is_exe = 1;
+	for (int i = 0; i < MT_AUXV_PAIRS; i++) {
+		unsigned long kv[2];
+		if (bpf_probe_read_kernel(kv, sizeof(kv), (char *)mm +
+					  bpf_core_field_offset(struct mm_struct, saved_auxv) + i * 16))
+			break;
+		if (kv[0] == 0) /* AT_NULL */
+			break;
+		if (kv[0] == 7) { /* AT_BASE */
+			base = kv[1];
+			break;
+		}
+	}
+	e->pgoff = base;
+	bpf_probe_read_kernel_str(e->path, sizeof(e->path), BPF_CORE_READ(bprm, interp));
+	bpf_ringbuf_submit(e, 0);
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
@@ -809,6 +893,7 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 		/* No stop system-wide: the loader only looks for new allocator objects. */
 		emit(MT_EV_EXEC, 0, pid_tgid, exec_id, 0, 0, 0, 0, 0, 0);
 		proc_event(MT_EV_EXEC, 0, pid_tgid, 0, 0, exec_id, 0);
+		map_event_exe(pid_tgid, p, bprm);
 		return 0;
 	}
 	t = bpf_map_lookup_elem(&targets, &tgid);

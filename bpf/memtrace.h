@@ -64,6 +64,7 @@ enum mt_kind {
 	MT_EV_EXIT,         /* process exited */
 	MT_EV_LIBMAP,       /* pending process mapped an executable file: stopped */
 	MT_EV_FAULT,        /* user page fault (--faults) */
+	MT_EV_MAPFILE,      /* lifecycle ring, system-wide: an executable file mapping (struct mt_map_event) */
 };
 
 /* mt_hdr.flags */
@@ -143,6 +144,25 @@ struct mt_proc_event {
 	char comm[MT_COMM_LEN];
 };
 
+/* MT_EV_MAPFILE (lifecycle ring, system-wide only): executable code of a
+ * file as the kernel mapped it, sent with the exec (the program: is_exe,
+ * path = the exec's file name as given, start/end = mm's start_code and
+ * end_code) and with each executable file mmap (a library: start, end,
+ * pgoff, path = the file's name without its directory). System-wide, new
+ * processes are never stopped: one that exits before the loader has read
+ * its /proc/PID/maps gets its address space from these (the file found by
+ * dev and inode among the files mapped elsewhere, or by its exec path). */
+#define MT_MAP_PATH_LEN 256
+struct mt_map_event {
+	struct mt_hdr h;
+	__u64 start, end; /* runtime range */
+	__u64 pgoff;      /* library: file offset of start (bytes); exe: 0 (the loader reads the ELF) */
+	__u64 ino;        /* inode of the file (0: not found) */
+	__u32 dev;        /* its superblock's kernel dev_t: MAJOR << 20 | MINOR */
+	__u32 is_exe;
+	char path[MT_MAP_PATH_LEN];
+};
+
 /* targets map value: why a process is traced and where it stands. */
 enum mt_target_state {
 	MT_TS_TRACED = 1,   /* uprobes attached for this process's mm */
@@ -187,7 +207,7 @@ struct mt_inflight {
 struct mt_sysargs {
 	__u64 a0, a1, a2, a3;
 	__u32 internal;
-	__u32 pad;
+	__u32 pgoff_pages; /* mmap: the file offset in pages (system-wide) */
 };
 
 /* Counters (index into the per-CPU counters array), shown as "dropped" and

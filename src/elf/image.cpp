@@ -135,6 +135,10 @@ Result<void> Image::init() {
     if (ph.p_type == PT_LOAD) {
       if (ph.p_offset > file_size_ || ph.p_filesz > file_size_ - ph.p_offset) continue;  // lies
       segments_.push_back({ph.p_vaddr, ph.p_memsz, ph.p_offset, ph.p_filesz, ph.p_align, ph.p_flags});
+    } else if (ph.p_type == PT_INTERP && ph.p_filesz > 1 && ph.p_filesz <= 4096 &&
+               ph.p_offset <= file_size_ && ph.p_filesz <= file_size_ - ph.p_offset) {
+      if (Elf_Data* d = elf_getdata_rawchunk(elf_, static_cast<int64_t>(ph.p_offset), ph.p_filesz, ELF_T_BYTE))
+        interp_.assign(static_cast<const char*>(d->d_buf), strnlen(static_cast<const char*>(d->d_buf), d->d_size));
     } else if (ph.p_type == PT_NOTE && build_id_.empty() && ph.p_filesz > 0 &&
                ph.p_filesz <= (1u << 20)) {
       Elf_Data* d = elf_getdata_rawchunk(elf_, static_cast<int64_t>(ph.p_offset), ph.p_filesz,

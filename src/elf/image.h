@@ -65,6 +65,7 @@ class Image {
   std::string build_id_hex() const;                          // "" if none
   const std::optional<DebugLink>& debuglink() const { return debuglink_; }
   const std::vector<Segment>& segments() const { return segments_; }
+  const std::string& interp() const { return interp_; }  // PT_INTERP (the program's ld.so), "" if none
   bool has_dwarf() const { return has_dwarf_; }  // .debug_info present (maybe compressed)
   bool has_symtab() const { return has_symtab_; }
   bool is_debug_only() const { return debug_only_; }  // code sections are NOBITS (a .debug file)
@@ -103,6 +104,7 @@ class Image {
   std::string build_id_;
   std::optional<DebugLink> debuglink_;
   std::vector<Segment> segments_;
+  std::string interp_;
   std::vector<std::pair<uint64_t, uint64_t>> code_sections_;  // [addr, end)
   bool has_dwarf_ = false, has_symtab_ = false, debug_only_ = false;
   Elf_Scn* gnu_debugdata_ = nullptr;

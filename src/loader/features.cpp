@@ -301,9 +301,8 @@ void Features::on_event(const void* data, size_t len, const std::vector<procfs::
 }
 
 void Features::on_proc_event(const void* data, size_t len, const MapsOf& maps) {
-  if (!rec_) return;
+  if (!rec_ || len < sizeof(mt_proc_event)) return;  // (MT_EV_MAPFILE never comes here)
   rec_->write(REC_PROC, data, len);
-  if (len < sizeof(mt_proc_event)) return;
   mt_proc_event e;
   memcpy(&e, data, sizeof e);
   if (e.h.kind == MT_EV_EXEC || e.h.kind == MT_EV_LIBMAP || e.h.kind == MT_EV_FORK) snapshot_maps(e.h.pid, maps());

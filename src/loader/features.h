@@ -93,6 +93,8 @@ class Features {
   // Additions to the final report.
   void add_json(nlohmann::json& j);
   void write_text(std::ostream& os);
+  // --record: pid's executable mappings (read now if maps is null) not written yet.
+  void snapshot_maps(pid_t pid, const std::vector<procfs::Mapping>* maps);
 
  private:
   Features(const FeatureOptions& o, FeatureContext ctx);
@@ -102,7 +104,6 @@ class Features {
   void full_report(std::ostream& os);
   void live(std::ostream& os);
   void prompt();
-  void snapshot_maps(pid_t pid, const std::vector<procfs::Mapping>* maps);
   LiveOptions live_options() const;
 
   FeatureOptions o_;

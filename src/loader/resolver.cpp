@@ -1,6 +1,13 @@
 #include "loader/resolver.h"
 
+#include <elf.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+
+#include "elf/elf_file.h"
 
 namespace memtrace::loader {
 
@@ -63,24 +70,173 @@ SpaceNode& Resolver::current(pid_t pid) {
 }
 
 void Resolver::capture(pid_t pid, const std::vector<procfs::Mapping>* maps) {
+  note_paths(maps);
   SpaceNode& n = current(pid);
   // A process that is already gone keeps what we had; one gone before its
   // first capture has nothing: counted (its frames print "unknown").
-  if (sym_.update(n.as, pid, maps)) never_captured_.erase(pid);
+  bool ok = static_cast<bool>(sym_.update(n.as, pid, maps));
+  if (ok) never_captured_.erase(pid);
   else if (n.as.mapping_count() == 0 && !n.parent) never_captured_.insert(pid);
   else if (n.as.mapping_count() > 0) incomplete_.insert(pid);  // code mapped since the last read: not seen
+  after_read(pid, images_[pid].back(), ok);
 }
 
 void Resolver::exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps) {
+  note_paths(maps);
   auto& v = images_[pid];
   if (v.empty() || v.back().exec_id != exec_id) v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
   // Its own code now: gone before this read, its frames have no mappings of
   // their own (the parent's, if forked, are another program's).
-  if (sym_.update(v.back().node->as, pid, maps)) never_captured_.erase(pid);
+  bool ok = static_cast<bool>(sym_.update(v.back().node->as, pid, maps));
+  if (ok) never_captured_.erase(pid);
   else never_captured_.insert(pid);
+  after_read(pid, v.back(), ok);
+}
+
+void Resolver::note_paths(const std::vector<procfs::Mapping>* maps) {
+  if (!maps) return;
+  for (const auto& m : *maps)
+    if (m.exec() && m.file() && !m.path.ends_with(" (deleted)")) paths_.try_emplace({m.dev, m.inode}, m.path);
+}
+
+void Resolver::after_read(pid_t pid, Image& im, bool ok) {
+  im.gone = !ok;
+  std::vector<KernelMapping> pending = std::move(im.pending);
+  im.pending.clear();
+  if (ok) return;  // the read has them
+  for (const auto& k : pending) give(pid, im, k);
+}
+
+void Resolver::kernel_mapped(pid_t pid, const KernelMapping& k) {
+  auto& v = images_[pid];
+  Image* im = nullptr;
+  if (k.exe) {
+    // The exec's own image (its record comes right after the exec's).
+    for (auto& i : v)
+      if (i.exec_id == k.exec_id) im = &i;
+    if (!im) {
+      v.push_back(Image{k.exec_id, std::make_shared<SpaceNode>()});
+      im = &v.back();
+    }
+  } else {
+    current(pid);
+    im = &v.back();
+  }
+  if (im->gone) give(pid, *im, k);
+  else im->pending.push_back(k);
+}
+
+void Resolver::unreadable(pid_t pid, uint64_t exec_id) {
+  auto& v = images_[pid];
+  if (exec_id && (v.empty() || v.back().exec_id != exec_id))
+    v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
+  current(pid);
+  if (v.back().node->as.mapping_count() == 0) never_captured_.insert(pid);
+  else incomplete_.insert(pid);
+  after_read(pid, v.back(), false);
+}
+
+void Resolver::exited(pid_t pid) {
+  auto it = images_.find(pid);
+  if (it == images_.end() || it->second.empty()) return;
+  Image& im = it->second.back();
+  im.gone = true;
+  std::vector<KernelMapping> pending = std::move(im.pending);
+  im.pending.clear();
+  for (const auto& k : pending) give(pid, im, k);
+}
+
+void Resolver::give(pid_t pid, Image& im, const KernelMapping& k) {
+  std::vector<procfs::Mapping> maps = mappings_of(k);
+  if (maps.empty()) {
+    kernel_unresolved_++;
+    return;
+  }
+  // Not where the space has code already (a read that came after the
+  // mapping while the loader was behind: the same mapping).
+  auto have = sym_.location_ranges(im.node->as);
+  std::erase_if(maps, [&](const procfs::Mapping& m) {
+    return std::any_of(have.begin(), have.end(), [&](const auto& r) { return r.start < m.end && m.start < r.end; });
+  });
+  if (maps.empty()) return;
+  for (const auto& m : maps) sym_.add_mapping(im.node->as, m, m.path);
+  kernel_given_ += maps.size();
+  if (on_given_) on_given_(pid, maps);
+}
+
+namespace {
+
+// An executable's path that is (dev, inode), or "".
+std::string checked_path(const std::string& path, uint64_t dev, uint64_t inode) {
+  if (path.empty() || path[0] != '/') return "";
+  char real[PATH_MAX];
+  if (!realpath(path.c_str(), real)) return "";
+  struct stat st {};
+  if (stat(real, &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  if (dev && (static_cast<uint64_t>(st.st_dev) != dev || st.st_ino != inode)) return "";
+  return real;
+}
+
+// The executable PT_LOADs of the ELF file at path, loaded so that the first
+// of them is at `first` (mm's start_code) or, first == 0, at bias `bias`.
+std::vector<procfs::Mapping> code_of(const std::string& path, uint64_t first, uint64_t bias) {
+  std::vector<procfs::Mapping> out;
+  auto f = elf::ElfFile::open(path);
+  if (!f) return out;
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return out;
+  const elf::Segment* lo = nullptr;
+  for (const auto& s : f->segments())
+    if ((s.flags & PF_X) && (!lo || s.vaddr < lo->vaddr)) lo = &s;
+  if (!lo) return out;
+  if (first) bias = first - lo->vaddr;
+  for (const auto& s : f->segments()) {
+    if (!(s.flags & PF_X)) continue;
+    procfs::Mapping m;
+    m.start = (bias + s.vaddr) & ~uint64_t{4095};
+    m.end = (bias + s.vaddr + s.memsz + 4095) & ~uint64_t{4095};
+    m.offset = s.offset & ~uint64_t{4095};
+    m.dev = st.st_dev;
+    m.inode = st.st_ino;
+    m.perms = "r-xp";
+    m.path = path;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k) {
+  std::string path;
+  if (auto it = paths_.find({k.dev, k.inode}); it != paths_.end()) path = it->second;
+  if (!k.exe) {
+    if (path.empty()) return {};
+    procfs::Mapping m;
+    m.start = k.start;
+    m.end = k.end;
+    m.offset = k.offset;
+    m.dev = k.dev;
+    m.inode = k.inode;
+    m.perms = "r-xp";
+    m.path = path;
+    return {m};
+  }
+  if (path.empty()) path = checked_path(k.path, k.dev, k.inode);
+  if (path.empty()) return {};
+  auto out = code_of(path, k.start, 0);
+  if (out.empty() || !k.base) return out;
+  // Its dynamic loader, at the auxiliary vector's AT_BASE.
+  if (auto f = elf::ElfFile::open(path); f && !f->image().interp().empty()) {
+    std::string ld = checked_path(f->image().interp(), 0, 0);
+    if (!ld.empty())
+      for (auto& m : code_of(ld, 0, k.base)) out.push_back(std::move(m));
+  }
+  return out;
 }
 
 void Resolver::inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapping>* maps) {
+  note_paths(maps);
   // The child starts with the parent's mappings (captured now, while it is
   // stopped at its first return). If it is already gone, or later exec's or
   // unmaps, addresses of blocks it inherited are looked up in the parent's.

@@ -5,7 +5,9 @@
 #pragma once
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
+#include <string>
 #include <memory>
 #include <set>
 #include <vector>
@@ -37,6 +39,20 @@ heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node);
 std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
                                               bool return_address);
 
+// Executable code of a file as the kernel mapped it (MT_EV_MAPFILE, system-
+// wide): what a process's address space is made of when it exits before
+// its /proc/PID/maps could be read.
+struct KernelMapping {
+  bool exe = false;       // the program an exec started: [start, end) its code (the first
+                          // executable PT_LOAD at start), base: ld.so's load address (0: none)
+  uint64_t exec_id = 0;   // exe: the exec's id (as Resolver::exec's)
+  uint64_t start = 0, end = 0;
+  uint64_t offset = 0;    // library: file offset of start
+  uint64_t base = 0;
+  uint64_t dev = 0, inode = 0;  // makedev(major, minor), as /proc/PID/maps has them
+  std::string path;       // exe: the file executed, as named; library: its name without directory
+};
+
 class Resolver {
  public:
   explicit Resolver(symbolize::Options opts) : sym_(std::move(opts)) {}
@@ -51,6 +67,16 @@ class Resolver {
   // pid exec'd (exec_id: the exec's id, as heap::Process::exec_ts): a new
   // image, a new address space, captured now.
   void exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps = nullptr);
+  // The kernel mapped code for pid (system-wide). Kept with its image; given
+  // to the image's address space if pid's maps cannot be read any more (it
+  // exited first): on_given is told what it got (the recording keeps it).
+  void kernel_mapped(pid_t pid, const KernelMapping& k);
+  // pid's maps cannot be read (tests: MEMTRACE_TEST_UNREADABLE_COMM): as
+  // exec() or capture() of a process that is gone.
+  void unreadable(pid_t pid, uint64_t exec_id);
+  // pid exited: what it mapped after its last read goes to its space.
+  void exited(pid_t pid);
+  void on_given(std::function<void(pid_t, const std::vector<procfs::Mapping>&)> f) { on_given_ = std::move(f); }
   // pid is gone and every image of it is sealed: its spaces go (a child's
   // link to them stays while the child needs it).
   void forget(pid_t pid);
@@ -71,9 +97,18 @@ class Resolver {
 
  private:
   struct Image {
+    Image(uint64_t id, std::shared_ptr<SpaceNode> n) : exec_id(id), node(std::move(n)) {}
     uint64_t exec_id = 0;  // 0: the image running when first seen (or a fork's)
     std::shared_ptr<SpaceNode> node;
+    bool gone = false;                   // its last /proc read failed
+    std::vector<KernelMapping> pending;  // code mapped since its last /proc read
   };
+  // A read of pid's maps: done (drops what the kernel told before it: the
+  // read has it), or failed (gives it to the space).
+  void after_read(pid_t pid, Image& im, bool ok);
+  void give(pid_t pid, Image& im, const KernelMapping& k);
+  std::vector<procfs::Mapping> mappings_of(const KernelMapping& k);
+  void note_paths(const std::vector<procfs::Mapping>* maps);
   // pid's image p lives in (by exec id; else the newest older one; else its first).
   const SpaceNode* node_of(const heap::Process& p) const;
   SpaceNode& current(pid_t pid);
@@ -84,6 +119,11 @@ class Resolver {
   std::set<pid_t> never_captured_;
   std::set<pid_t> incomplete_;
   std::set<pid_t> forked_;  // children read at their fork (their parent's mappings are theirs)
+  // Files by (dev, inode) as some process's maps named them: a gone
+  // process's libraries are found here.
+  std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
+  size_t kernel_given_ = 0, kernel_unresolved_ = 0;
+  std::function<void(pid_t, const std::vector<procfs::Mapping>&)> on_given_;
 
  public:
   // Processes that exited before their mappings could be read (system-wide
@@ -92,6 +132,10 @@ class Resolver {
   // Processes gone before a later read (a library mapped after the first
   // read): frames in that library stay unsymbolized.
   size_t incomplete() const { return incomplete_.size(); }
+  // Of those, mappings rebuilt from the kernel's records (MT_EV_MAPFILE),
+  // and such records whose file could not be found.
+  size_t kernel_given() const { return kernel_given_; }
+  size_t kernel_unresolved() const { return kernel_unresolved_; }
 };
 
 }  // namespace memtrace::loader

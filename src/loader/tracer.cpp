@@ -145,6 +145,11 @@ Tracer::Tracer(Options o)
         return so;
       }()) {
   system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty();
+  if (const char* c = getenv("MEMTRACE_TEST_UNREADABLE_COMM")) o_.test_unreadable_comm = c;
+  // Mappings rebuilt from the kernel's records go into a recording too.
+  resolver_.on_given([this](pid_t pid, const std::vector<procfs::Mapping>& maps) {
+    if (feat_) feat_->snapshot_maps(pid, &maps);
+  });
   if (const char* n = getenv("MEMTRACE_DRAIN_NICE")) o_.drain_nice = atoi(n);  // benchmarks: A/B
   if (o_.faults) {
     maps_cache_ = std::make_unique<MapsCache>();
@@ -385,6 +390,25 @@ void Tracer::forget_stopped(pid_t pid) {
   if (skel_) bpf_map_delete_elem(bpf_map__fd(skel_->maps.stopped), &key);
 }
 
+// System-wide: code a process mapped, as the kernel did it (the resolver
+// uses it if the process is gone before its maps are read).
+void Tracer::on_map_event(const mt_map_event& e) {
+  KernelMapping k;
+  k.exe = e.is_exe;
+  k.start = e.start;
+  k.end = e.end;
+  if (e.is_exe) {
+    k.base = e.pgoff;
+    k.exec_id = exec_ids_.count(e.h.pid) ? exec_ids_[e.h.pid] : 0;
+  } else {
+    k.offset = e.pgoff;
+  }
+  k.dev = makedev(e.dev >> 20, e.dev & 0xfffff);  // the kernel's dev_t, as /proc/PID/maps prints it
+  k.inode = e.ino;
+  k.path.assign(e.path, strnlen(e.path, sizeof e.path));
+  resolver_.kernel_mapped(e.h.pid, k);
+}
+
 void Tracer::process_gone(pid_t pid, int exit_code) {
   // --inject: its records in the agent's ring are all written (it exited):
   // in before its exit, which may retire it right below.
@@ -548,6 +572,12 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
   for (pid_t pid : pids) {
     if (pid == getpid()) continue;
     Snapshot snap(pid, &maps_reads_);
+    // Tests: a process of this name is taken for gone before its maps are
+    // read (what a short process system-wide often is).
+    if (!o_.test_unreadable_comm.empty() && read_comm(pid).value_or("") == o_.test_unreadable_comm) {
+      resolver_.unreadable(pid, exec_id);
+      continue;
+    }
     const auto* maps = snap.maps();
     if (!maps) {
       // Gone before this read (an exec or a new library of a short process):
@@ -766,6 +796,10 @@ int Tracer::on_event(void* data, size_t len) {
 }
 
 int Tracer::on_proc_event(void* data, size_t len) {
+  if (len >= sizeof(mt_hdr) && static_cast<const mt_hdr*>(data)->kind == MT_EV_MAPFILE) {
+    if (len >= sizeof(mt_map_event)) on_map_event(*static_cast<const mt_map_event*>(data));
+    return 0;
+  }
   if (len < sizeof(mt_proc_event)) return 0;
   const auto& e = *static_cast<const mt_proc_event*>(data);
   pid_t pid = e.h.pid;
@@ -779,7 +813,10 @@ int Tracer::on_proc_event(void* data, size_t len) {
       // System-wide: the new image's mappings first, while it lives (the
       // events ring's backlog can take long to drain: a short process was
       // gone after it).
-      if (system_wide_) read_process_once(pid, e.h.ts, e.addr ? e.addr : e.h.ts);
+      if (system_wide_) {
+        exec_ids_[pid] = e.addr ? e.addr : e.h.ts;  // its MT_EV_MAPFILE comes next
+        read_process_once(pid, e.h.ts, e.addr ? e.addr : e.h.ts);
+      }
       else resolver_.exec(pid, e.addr ? e.addr : e.h.ts, snap.maps());  // its own address space (the old one's stacks seal with theirs)
       // The old image's last events, then the events stream's own MT_EV_EXEC
       // (exact order); on_exec here only if that record was lost.
@@ -843,6 +880,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       break;
     case MT_EV_EXIT: {
       log("exit pid " + std::to_string(pid) + " status " + std::to_string(e.exit_code));
+      resolver_.exited(pid);  // code it mapped after its last read
       auto it = procs_.find(pid);
       if (it != procs_.end()) {
         it->second.probes.reset();
@@ -850,6 +888,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       }
       if (unwind_) unwind_->remove_process(pid);
       last_read_ns_.erase(pid);
+      exec_ids_.erase(pid);
       if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) process_gone(pid, e.exit_code);
       forget_stopped(pid);
       break;
@@ -883,6 +922,9 @@ report::Drops Tracer::drops() {
   d.stats["frees_of_unseen_blocks"] = unknown;
   d.stats["mappings_not_captured"] = resolver_.never_captured();  // processes, not events
   d.stats["mappings_incomplete"] = resolver_.incomplete();        // gone before a library's mapping was read
+  // Of those: mappings rebuilt from the kernel's records, and records whose file was not found.
+  d.stats["mappings_from_kernel"] = resolver_.kernel_given();
+  d.stats["mappings_from_kernel_unresolved"] = resolver_.kernel_unresolved();
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;

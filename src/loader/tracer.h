@@ -57,6 +57,7 @@ struct Options {
   AllocatorChoice allocator;         // -O / -S
   size_t ringbuf_mb = 0;             // events ring, MiB (0: 64 system-wide and -c, 16 else)
   int drain_nice = -10;              // system-wide: the drain thread's nice value (MEMTRACE_DRAIN_NICE)
+  std::string test_unreadable_comm;  // tests (MEMTRACE_TEST_UNREADABLE_COMM): processes taken for gone unread
   size_t unwind_mb = 512;  // cap on the unwind tables in the kernel
   size_t max_images = 256;  // ended images kept one by one (--max-images; heap_model.h set_image_cap)
   std::vector<std::string> symbol_dirs;
@@ -134,6 +135,7 @@ class Tracer {
   // pid exited: once its last records are applied (retire_exited), its image
   // is sealed and its mappings forgotten.
   void process_gone(pid_t pid, int exit_code);
+  void on_map_event(const mt_map_event& e);
   void retire_exited(bool all = false);  // all: every queued exit (the rings are drained)
   struct Exited {
     uint64_t until;  // the events ring's producer position when its exit was read
@@ -142,6 +144,7 @@ class Tracer {
   };
   std::deque<Exited> exited_;
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
+  std::map<pid_t, uint64_t> exec_ids_;      // system-wide: each process's last exec's id
   void report_final(int exit_code);
   void log_pprof_round(const PprofDir::RoundStats& rs);  // -v
   report::Drops drops();

@@ -111,3 +111,59 @@ TEST_F(BusyHost, KnownProgramExactUnderLoadSystemWide) {
   for (const char* k : {"ringbuf", "stack_ringbuf"})
     EXPECT_EQ(j["dropped"][k].get<long>(), 0) << k << " in " << j["dropped"].dump();
 }
+
+// System-wide, a short process often exits before the loader has read its
+// /proc/PID/maps (it is never stopped). Its address space is then rebuilt
+// from the kernel's records of what it mapped (MT_EV_MAPFILE: the program
+// at exec, each library mmap'd with PROT_EXEC): its leak's stack is
+// symbolized through the program and libc. MEMTRACE_TEST_UNREADABLE_COMM
+// makes the loader take every process of that name for gone before it
+// reads it (no maps, no unwind tables: the rows come through its VMAs).
+TEST_F(BusyHost, ProcessGoneBeforeItsMapsAreReadIsSymbolized) {
+  std::string rep = tmpfile("gone"), rec = tmpfile("gone-rec");
+  setenv("MEMTRACE_TEST_UNREADABLE_COMM", "alloc_rounds", 1);
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "5", "--record", rec});
+  unsetenv("MEMTRACE_TEST_UNREADABLE_COMM");
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  const long R = 100;
+  auto [pid0, out0] = run_known(0);
+  auto [pidn, outn] = run_known(R);
+  sleep(1);
+  kill(m.pid, SIGINT);
+  std::thread drain([&] { merr += read_all(m.err); });
+  int code = wait_exit(m.pid);
+  drain.join();
+  ASSERT_EQ(code, 0) << merr;
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  unlink(rep.c_str());
+  ASSERT_TRUE(j.is_object()) << merr;
+  const json& st = j["stats"];
+  std::cerr << "mappings_not_captured " << st["mappings_not_captured"] << ", from_kernel "
+            << st["mappings_from_kernel"] << ", unresolved " << st["mappings_from_kernel_unresolved"] << "\n";
+  // Both runs unread; each: the program (its code segment), ld.so, libc.
+  EXPECT_GE(st["mappings_not_captured"].get<long>(), 2);
+  EXPECT_GE(st["mappings_from_kernel"].get<long>(), 6);
+
+  PerRound per = parse_per_round(outn);
+  const json* p0 = find_proc(j, pid0);
+  const json* pn = find_proc(j, pidn);
+  ASSERT_TRUE(p0 && pn) << j["processes"].size() << " processes";
+  EXPECT_EQ(u(*pn, "allocs") - u(*p0, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*pn, "in_use_bytes") - u(*p0, "in_use_bytes"), R * per.leaked_bytes);
+  // Named through the program's own file and through libc's.
+  EXPECT_TRUE(stack_has(*pn, 33, "leak_here")) << (*pn)["leaks"].dump();
+  EXPECT_TRUE(stack_has(*pn, 33, "main")) << (*pn)["leaks"].dump();
+  EXPECT_TRUE(stack_has(*pn, 33, "__libc_start_call_main")) << (*pn)["leaks"].dump();
+
+  // The recording has the rebuilt mappings: replay names the same frames.
+  ToolRun rp = run_argv({tool(), "replay", rec, "--format", "json", "--top", "5"});
+  unlink(rec.c_str());
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  json rj = json::parse(rp.out, nullptr, false);
+  const json* rn = find_proc(rj, pidn);
+  ASSERT_TRUE(rn) << rp.err;
+  EXPECT_TRUE(stack_has(*rn, 33, "leak_here")) << (*rn)["leaks"].dump();
+  EXPECT_TRUE(stack_has(*rn, 33, "__libc_start_call_main")) << (*rn)["leaks"].dump();
+}
