@@ -651,13 +651,13 @@ static __always_inline void proc_event(__u32 kind, __u32 flags, __u64 pid_tgid, 
 /* MT_EV_MAPFILE of an executable file mapping of the current task
  * (system-wide: the loader may never read this process's maps). The file
  * is fd's; a record that does not fit is counted as a lost lifecycle one. */
-static __always_inline struct mt_map_event *map_event_reserve(__u64 pid_tgid, struct file *f)
+static __always_inline struct mt_map_event *map_event_reserve(__u64 pid_tgid, struct file *f, __u32 size)
 {
 	struct mt_map_event *e;
 
 	if (!f)
 		return 0;
-	e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
+	e = bpf_ringbuf_reserve(&proc_events, size, 0);
 	if (!e) {
 		count(MT_C_RINGBUF_FULL);
 		return 0;
@@ -678,14 +678,13 @@ static __always_inline void map_event_lib(__u64 pid_tgid, __u64 start, __u64 len
 
 	if (fd < 0 || (__u32)fd >= max || bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
 		return;
-	e = map_event_reserve(pid_tgid, f);
+	e = map_event_reserve(pid_tgid, f, MT_MAP_EVENT_LIB_BYTES); /* no path */
 	if (!e)
 		return;
 	e->start = start;
 	e->end = start + len;
 	e->pgoff = pgoff;
 	e->is_exe = 0;
-	bpf_probe_read_kernel_str(e->path, sizeof(e->path), BPF_CORE_READ(f, f_path.dentry, d_name.name));
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -841,7 +840,7 @@ static __always_inline void map_event_exe(__u64 pid_tgid, struct task_struct *p,
 
 	if (!mm)
 		return;
-	e = map_event_reserve(pid_tgid, BPF_CORE_READ(bprm, file));
+	e = map_event_reserve(pid_tgid, BPF_CORE_READ(bprm, file), sizeof(*e));
 	if (!e)
 		return;
 	e->start = BPF_CORE_READ(mm, start_code);
@@ -860,7 +859,8 @@ static __always_inline void map_event_exe(__u64 pid_tgid, struct task_struct *p,
 		}
 	}
 	e->pgoff = base;
-	bpf_probe_read_kernel_str(e->path, sizeof(e->path), BPF_CORE_READ(bprm, interp));
+	if (bpf_probe_read_kernel_str(e->path, sizeof(e->path), BPF_CORE_READ(bprm, interp)) < 0)
+		e->path[0] = 0;
 	bpf_ringbuf_submit(e, 0);
 }
 

@@ -146,9 +146,9 @@ struct mt_proc_event {
 
 /* MT_EV_MAPFILE (lifecycle ring, system-wide only): executable code of a
  * file as the kernel mapped it, sent with the exec (the program: is_exe,
- * path = the exec's file name as given, start/end = mm's start_code and
- * end_code) and with each executable file mmap (a library: start, end,
- * pgoff, path = the file's name without its directory). System-wide, new
+ * path = the file executed, start/end = mm's start_code and end_code) and
+ * with each executable file mmap (a library: start, end, pgoff; the record
+ * ends before path: MT_MAP_EVENT_LIB_BYTES). System-wide, new
  * processes are never stopped: one that exits before the loader has read
  * its /proc/PID/maps gets its address space from these (the file found by
  * dev and inode among the files mapped elsewhere, or by its exec path). */
@@ -162,6 +162,8 @@ struct mt_map_event {
 	__u32 is_exe;
 	char path[MT_MAP_PATH_LEN];
 };
+#define MT_MAP_EVENT_LIB_BYTES 64 /* offsetof(struct mt_map_event, path) */
+MT_STATIC_ASSERT(__builtin_offsetof(struct mt_map_event, path) == MT_MAP_EVENT_LIB_BYTES, "mt_map_event");
 
 /* targets map value: why a process is traced and where it stands. */
 enum mt_target_state {

@@ -797,7 +797,12 @@ int Tracer::on_event(void* data, size_t len) {
 
 int Tracer::on_proc_event(void* data, size_t len) {
   if (len >= sizeof(mt_hdr) && static_cast<const mt_hdr*>(data)->kind == MT_EV_MAPFILE) {
-    if (len >= sizeof(mt_map_event)) on_map_event(*static_cast<const mt_map_event*>(data));
+    // A library's record ends before the path (MT_MAP_EVENT_LIB_BYTES).
+    if (len >= MT_MAP_EVENT_LIB_BYTES) {
+      mt_map_event e{};
+      memcpy(&e, data, std::min(len, sizeof e));
+      on_map_event(e);
+    }
     return 0;
   }
   if (len < sizeof(mt_proc_event)) return 0;
