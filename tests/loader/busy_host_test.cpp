@@ -33,6 +33,20 @@ std::pair<pid_t, std::string> run_known(long rounds) {
   return {t.pid, out};
 }
 
+// SIGINT to the tool, its stderr appended to err, its JSON report at rep
+// (null if it did not exit 0 or wrote none).
+json stop_tool(Child& m, const std::string& rep, std::string& err) {
+  kill(m.pid, SIGINT);
+  std::thread drain([&] { err += read_all(m.err); });
+  int code = wait_exit(m.pid);
+  drain.join();
+  EXPECT_EQ(code, 0) << err;
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  unlink(rep.c_str());
+  return code == 0 ? j : json();
+}
+
 bool stack_has(const json& p, long block_bytes, const std::string& function) {
   for (const auto& l : p["leaks"]) {
     if (l["blocks"].get<long>() == 0 || l["bytes"].get<long>() % block_bytes) continue;
@@ -78,14 +92,7 @@ TEST_F(BusyHost, KnownProgramExactUnderLoadSystemWide) {
     close(c.out);
     close(c.err);
   }
-  kill(m.pid, SIGINT);
-  std::thread drain([&] { merr += read_all(m.err); });
-  int code = wait_exit(m.pid);
-  drain.join();
-  ASSERT_EQ(code, 0) << merr;
-  std::ifstream f(rep);
-  json j = json::parse(f, nullptr, false);
-  unlink(rep.c_str());
+  json j = stop_tool(m, rep, merr);
   ASSERT_TRUE(j.is_object()) << merr;
 
   // The load was real: events counted, pairs made.
@@ -130,14 +137,7 @@ TEST_F(BusyHost, ProcessGoneBeforeItsMapsAreReadIsSymbolized) {
   auto [pid0, out0] = run_known(0);
   auto [pidn, outn] = run_known(R);
   sleep(1);
-  kill(m.pid, SIGINT);
-  std::thread drain([&] { merr += read_all(m.err); });
-  int code = wait_exit(m.pid);
-  drain.join();
-  ASSERT_EQ(code, 0) << merr;
-  std::ifstream f(rep);
-  json j = json::parse(f, nullptr, false);
-  unlink(rep.c_str());
+  json j = stop_tool(m, rep, merr);
   ASSERT_TRUE(j.is_object()) << merr;
   const json& st = j["stats"];
   std::cerr << "mappings_not_captured " << st["mappings_not_captured"] << ", from_kernel "
