@@ -67,7 +67,9 @@ print("unwind tables: files", s.get("unwind_files"), "shards", s.get("unwind_sha
 print(f"tool: RSS {s.get('tool_rss_kb', 0) / 1024:.0f} MiB, anon {s.get('tool_anon_kb', 0) / 1024:.0f} MiB")
 print("errors:", len(d.get("errors", [])), d.get("errors", [])[:3])
 print("rows found through VMAs (no published mapping yet):", s.get("unwind_rows_from_vma"),
-      "; mappings_not_captured:", s.get("mappings_not_captured"))
+      "; mappings_not_captured:", s.get("mappings_not_captured"),
+      "; rebuilt from the kernel's records:", s.get("mappings_from_kernel"),
+      "(unresolved", str(s.get("mappings_from_kernel_unresolved")) + ")")
 # The known program: counts exact, leak stacks complete through main.
 def proc(r):  # the image of alloc_rounds (the pid's first image is the shell's fork)
     pid = int(open(f"{tmp}/known.{r}.pid").read())
