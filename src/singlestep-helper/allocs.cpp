@@ -66,7 +66,7 @@ Result<void> Tracer::arm_alloc_tracking() {
   return {};
 }
 
-void Tracer::alloc_breakpoint(pid_t tid, user_regs_struct& regs) {
+void Tracer::alloc_breakpoint(pid_t tid, Regs& regs) {
   AllocState& A = *allocs_;
   uint64_t bp = regs.rip - 1;
   Thread& t = threads_[tid];

@@ -43,10 +43,8 @@ long pt(int req, pid_t tid, uint64_t addr, uint64_t data) {
                 reinterpret_cast<void*>(data));
 }
 
-bool get_regs(pid_t tid, user_regs_struct& r) { return pt(PTRACE_GETREGS, tid, 0, reinterpret_cast<uint64_t>(&r)) == 0; }
-bool set_regs(pid_t tid, const user_regs_struct& r) {
-  return pt(PTRACE_SETREGS, tid, 0, reinterpret_cast<uint64_t>(&r)) == 0;
-}
+using arch::get_regs;
+using arch::set_regs;
 bool get_siginfo(pid_t tid, siginfo_t& si) {
   return pt(PTRACE_GETSIGINFO, tid, 0, reinterpret_cast<uint64_t>(&si)) == 0;
 }
@@ -394,11 +392,7 @@ Result<void> Tracer::arm() {
     if (m.path != "[vdso]" && syscall_insn_) continue;
     std::vector<uint8_t> code(m.end - m.start);
     if (!mem_read(m.start, code.data(), code.size())) continue;
-    for (size_t i = 0; i + 1 < code.size(); i++)
-      if (code[i] == 0x0f && code[i + 1] == 0x05) {
-        syscall_insn_ = m.start + i;
-        break;
-      }
+    if (size_t i = arch::find_syscall_insn(code.data(), code.size()); i < code.size()) syscall_insn_ = m.start + i;
     if (syscall_insn_ && m.path == "[vdso]") break;
   }
   if (!syscall_insn_) return Error::msg("no syscall instruction found in process " + std::to_string(pid_));
@@ -426,14 +420,12 @@ Result<void> Tracer::arm() {
 
 Result<long> Tracer::inject(pid_t tid, long nr, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5,
                             uint64_t a6) {
-  user_regs_struct saved, r;
+  Regs saved, r;
   if (!get_regs(tid, saved)) return Error::sys("ptrace getregs " + std::to_string(tid));
   r = saved;
-  r.rax = static_cast<uint64_t>(nr);
-  r.orig_rax = static_cast<uint64_t>(-1);  // no syscall restart on the way out of this stop
-  r.rdi = a1, r.rsi = a2, r.rdx = a3, r.r10 = a4, r.r8 = a5, r.r9 = a6;
-  r.rip = syscall_insn_;
-  const user_regs_struct want = r;
+  const uint64_t args[6] = {a1, a2, a3, a4, a5, a6};
+  arch::load_injected_syscall(r, syscall_insn_, nr, args);
+  const Regs want = r;
   Thread* t = thread(tid);
   bool done = false;
   // From a syscall or exec stop the first step only finishes the interrupted system
@@ -445,10 +437,10 @@ Result<long> Tracer::inject(pid_t tid, long nr, uint64_t a1, uint64_t a2, uint64
     if (s.gone()) return Error::msg("thread " + std::to_string(tid) + " exited during an injected system call");
     if (s.kind() == Stop::kSignal && s.sig() != SIGTRAP && t && !t->resume_sig) t->resume_sig = s.sig();
     get_regs(tid, r);
-    done = r.rip == syscall_insn_ + 2;
+    done = arch::pc(r) == syscall_insn_ + arch::kSyscallInsnLen;
   }
   if (!done) return Error::msg("injected system call did not run in thread " + std::to_string(tid));
-  long ret = static_cast<long>(r.rax);
+  long ret = arch::syscall_result(r);
   set_regs(tid, saved);
   return ret;
 }
@@ -659,26 +651,26 @@ void Tracer::handle(pid_t tid, int status) {
           // A tracked page that is open right now (a system call window, or the fault
           // was queued while another thread stepped): the access will succeed, retry it.
           if (auto it = pages_.find(page_of(a)); it != pages_.end()) {
-            user_regs_struct rr;
+            Regs rr;
             get_regs(tid, rr);
-            if (t.stale_ip != rr.rip || t.stale_addr != a) {
-              t.stale_ip = rr.rip;
+            if (t.stale_ip != arch::pc(rr) || t.stale_addr != a) {
+              t.stale_ip = arch::pc(rr);
               t.stale_addr = a;
               return;
             }
           }
           if (getenv("MEMTRACE_SS_DEBUG")) {
-            user_regs_struct rr;
+            Regs rr;
             get_regs(tid, rr);
             auto it = pages_.find(page_of(a));
             std::fprintf(stderr, "genuine SIGSEGV tid %d addr %llx ip %llx code %d page known %d cur %d orig %d\n", tid,
-                         (unsigned long long)a, (unsigned long long)rr.rip, si.si_code, it != pages_.end(),
+                         (unsigned long long)a, (unsigned long long)arch::pc(rr), si.si_code, it != pages_.end(),
                          it != pages_.end() ? it->second.cur_prot : -1, it != pages_.end() ? it->second.orig_prot : -1);
           }
         }
       }
       if (sig == SIGTRAP && !opt_.track_allocs_from.empty() && armed_) {
-        user_regs_struct regs;
+        Regs regs;
         if (get_regs(tid, regs)) {
           alloc_breakpoint(tid, regs);
           return;
@@ -728,7 +720,7 @@ void Tracer::record(pid_t tid, const Insn& insn, const MemOp& op, Access a, uint
   record_raw(tid, insn.ip, op.ea, op.size, a, now, insn.text);
 }
 
-bool Tracer::emulate(pid_t tid, user_regs_struct& regs, const Insn& insn, uint64_t now) {
+bool Tracer::emulate(pid_t tid, Regs& regs, const Insn& insn, uint64_t now) {
   if (insn.ops.size() != 1 || insn.ops[0].size > 8) return false;
   const MemOp& op = insn.ops[0];
   uint64_t v = 0;
@@ -758,36 +750,101 @@ bool Tracer::emulate(pid_t tid, user_regs_struct& regs, const Insn& insn, uint64
     default:
       return false;
   }
-  regs.rip = insn.ip + insn.len;
+  arch::set_pc(regs, insn.ip + insn.len);
   if (!set_regs(tid, regs)) return false;
   record(tid, insn, op, insn.emul == Emul::kLoad ? Access::kRead : Access::kWrite, now);
   report_.emulated++;
   return true;
 }
 
+// A store-exclusive on a tracked page, performed by the helper the way the
+// exclusive monitor decides it (and as QEMU emulates it): stored if the
+// memory still holds what the thread's load-exclusive read there, else the
+// status register says failed and the program's loop retries. The helper is
+// the only one to touch the page meanwhile (every access faults into this
+// loop, one at a time), so the compare and the store are one step.
+bool Tracer::store_exclusive(pid_t tid, Regs& regs, const IpInfo& info, uint64_t now) {
+  const Insn& insn = info.insn;
+  Thread* t = thread(tid);
+  uint8_t data[16], cur[16];
+  uint32_t size = 0;
+  if (!t || insn.ops.size() != 1 || !arch::store_exclusive_data(info.bytes, info.n, regs, data, &size) ||
+      size != insn.ops[0].size)
+    return false;
+  const uint64_t ea = insn.ops[0].ea;
+  bool stored = t->excl_size == size && t->excl_addr == ea && mem_read(ea, cur, size) &&
+                std::memcmp(cur, t->excl_bytes, size) == 0 && mem_write(ea, data, size);
+  t->excl_size = 0;
+  arch::complete_store_exclusive(regs, info.bytes, stored);
+  if (!set_regs(tid, regs)) return false;
+  if (stored) record(tid, insn, insn.ops[0], Access::kWrite, now);
+  report_.emulated++;
+  return true;
+}
+
 void Tracer::handle_fault(pid_t tid, uint64_t fault_addr) {
   uint64_t now = now_ns();
-  user_regs_struct regs;
+  Regs regs;
   if (!get_regs(tid, regs)) return;
+  const uint64_t ip = arch::pc(regs);
   uint8_t code[16];
   size_t n = 16;
-  while (n > 0 && !mem_read(regs.rip, code, n)) n--;
-  IpInfo& info = ips_[regs.rip];
+  while (n > 0 && !mem_read(ip, code, n)) n--;
+  IpInfo& info = ips_[ip];
   if (info.n != n || std::memcmp(info.bytes, code, n) != 0 || info.insn.len == 0) {
     info = IpInfo{};
     std::memcpy(info.bytes, code, n);
     info.n = n;
-    if (auto d = decoder_.decode(regs.rip, code, n, regs)) info.insn = *d;
-    else info.insn.ip = regs.rip, info.insn.len = 0, info.insn.text = "(undecodable)";
+    if (auto d = decoder_.decode(ip, code, n, regs)) info.insn = *d;
+    else info.insn.ip = ip, info.insn.len = 0, info.insn.text = "(undecodable)";
   } else {
     decoder_.recompute(info.insn, code, n, regs);
   }
   Insn& insn = info.insn;
+  // aarch64: a store-exclusive would fail once stepped (every step, and the
+  // system calls that open the page, clear the exclusive monitor): the
+  // helper performs it against the value of the thread's load-exclusive.
+  if (insn.exclusive == 2 && store_exclusive(tid, regs, info, now)) return;
   // Emulate plain moves: the page stays protected, other threads run on.
   if (opt_.emulate && insn.emul != Emul::kNone && emulate(tid, regs, insn, now)) return;
   if (threads_.size() > 1) stop_world(tid);
-  step_over(tid, regs, info, fault_addr, now);
+  bool stepped = step_over(tid, regs, info, fault_addr, now);
   report_.stepped++;
+  if (stepped && insn.exclusive == 1) finish_exclusive(tid, now);
+}
+
+// aarch64: after a load-exclusive on a tracked page, step the thread on (the
+// world still stopped) to its store-exclusive and perform that: the monitor
+// the load set is gone after the step, and a store-exclusive that fails its
+// monitor check need not fault (QEMU's does not), so it would never reach
+// the helper and the program's loop would retry for ever. A short bounded
+// walk: an LL/SC loop is a few instructions; anything else (another memory
+// access to a tracked page, a signal) ends it and takes the usual path.
+void Tracer::finish_exclusive(pid_t tid, uint64_t now) {
+  Thread* t = thread(tid);
+  for (int i = 0; i < 32 && t && t->excl_size; i++) {
+    Regs r;
+    if (!get_regs(tid, r)) return;
+    IpInfo info;
+    info.n = sizeof info.bytes;
+    while (info.n > 0 && !mem_read(arch::pc(r), info.bytes, info.n)) info.n--;
+    auto d = decoder_.decode(arch::pc(r), info.bytes, info.n, r);
+    if (!d) return;
+    info.insn = *d;
+    if (d->exclusive == 2 && d->ops.size() == 1 && d->ops[0].ea == t->excl_addr) {
+      store_exclusive(tid, r, info, now);
+      return;
+    }
+    for (const MemOp& op : d->ops)
+      for (uint64_t p = page_of(op.ea); p < op.ea + std::max<uint32_t>(op.size, 1); p += kPage)
+        if (page_armed(p)) return;  // its fault comes next
+    pt(PTRACE_SINGLESTEP, tid, 0, 0);
+    Stop s(wait_for(tid));
+    if (!(s.kind() == Stop::kSignal && s.sig() == SIGTRAP)) {
+      t->queued.push_back(s.raw());  // the main loop handles it
+      return;
+    }
+  }
 }
 
 // --rearm: the first access to an armed page in this interval. Give the page
@@ -805,10 +862,10 @@ void Tracer::handle_page_access(pid_t tid, uint64_t fault_addr) {
   }
   report_.page_first_accesses++;
   report_.page_accesses[page]++;
-  user_regs_struct regs;
+  Regs regs;
   if (Thread* t = thread(tid); t && get_regs(tid, regs)) {
     t->retry_page = page;
-    t->retry_ip = regs.rip;
+    t->retry_ip = arch::pc(regs);
   }
 }
 
@@ -818,8 +875,8 @@ void Tracer::handle_page_access(pid_t tid, uint64_t fault_addr) {
 void Tracer::finish_retries() {
   for (auto& [tid, t] : threads_) {
     for (int i = 0; i < 4 && t.retry_page && t.stopped && t.queued.empty(); i++) {
-      user_regs_struct r;
-      if (!get_regs(tid, r) || r.rip != t.retry_ip) break;
+      Regs r;
+      if (!get_regs(tid, r) || arch::pc(r) != t.retry_ip) break;
       pt(PTRACE_SINGLESTEP, tid, 0, 0);
       Stop s(wait_for(tid));
       if (s.gone()) {
@@ -883,12 +940,13 @@ void Tracer::rearm_now() {
 // Unprotect the pages the instruction touches, single-step it, record, re-protect.
 // Read vs write comes from the fault: a page is first opened read-only unless this
 // ip is known to write it; a second fault on the read-only page means a write.
-bool Tracer::step_over(pid_t tid, user_regs_struct& regs, IpInfo& info, uint64_t fault_addr, uint64_t now) {
+bool Tracer::step_over(pid_t tid, Regs& regs, IpInfo& info, uint64_t fault_addr, uint64_t now) {
   Insn& insn = info.insn;
   Thread* t = thread(tid);
   std::map<uint64_t, int> opened;  // page -> protection we set
   auto op_written = [&](size_t i) {
-    return insn.ops[i].dir == Dir::kWrite || (insn.ops[i].dir == Dir::kUnknown && (info.written_ops >> i) & 1);
+    return insn.ops[i].dir == Dir::kWrite || insn.ops[i].dir == Dir::kReadWrite ||
+           (insn.ops[i].dir == Dir::kUnknown && (info.written_ops >> i) & 1);
   };
   auto want_pages = [&](std::map<uint64_t, int>& want) {
     for (size_t i = 0; i < insn.ops.size(); i++) {
@@ -910,7 +968,7 @@ bool Tracer::step_over(pid_t tid, user_regs_struct& regs, IpInfo& info, uint64_t
   bool undecoded = insn.len == 0 || insn.ops.empty();
   bool ok = false;
   bool fault_written = false;
-  user_regs_struct after = regs;
+  Regs after = regs;
   for (int attempt = 0; attempt < 8; attempt++) {
     for (auto [p, prot] : want) {
       if (opened.count(p) && opened[p] == prot) continue;
@@ -959,21 +1017,27 @@ bool Tracer::step_over(pid_t tid, user_regs_struct& regs, IpInfo& info, uint64_t
   }
   if (ok) {
     get_regs(tid, after);
+    if (insn.exclusive == 1 && insn.ops.size() == 1 && insn.ops[0].size <= sizeof t->excl_bytes &&
+        mem_read(insn.ops[0].ea, t->excl_bytes, insn.ops[0].size)) {
+      t->excl_addr = insn.ops[0].ea;  // what the load-exclusive read: the world is stopped
+      t->excl_size = insn.ops[0].size;
+    }
     if (undecoded) {
       Access a = fault_written ? Access::kReadWrite : Access::kRead;
-      record_raw(tid, regs.rip, fault_addr, 1, a, now, insn.text);
+      record_raw(tid, arch::pc(regs), fault_addr, 1, a, now, insn.text);
     } else {
       for (size_t i = 0; i < insn.ops.size(); i++) {
         const MemOp& op = insn.ops[i];
-        Access a = op.dir == Dir::kRead    ? Access::kRead
-                   : op.dir == Dir::kWrite ? Access::kWrite
+        Access a = op.dir == Dir::kRead        ? Access::kRead
+                   : op.dir == Dir::kWrite     ? Access::kWrite
+                   : op.dir == Dir::kReadWrite ? Access::kReadWrite  // arm64 atomics
                    : op_written(i)         ? (insn.rmw_if_written ? Access::kReadWrite : Access::kWrite)
                                            : Access::kRead;
         record(tid, insn, op, a, now);
       }
     }
     // rep string: one element per step while the pages stay open.
-    while (insn.rep_string && after.rip == insn.ip && !max_reached()) {
+    while (insn.rep_string && arch::pc(after) == insn.ip && !max_reached()) {
       if (!decoder_.recompute(insn, info.bytes, info.n, after) || insn.ops.empty()) break;
       bool open_enough = true;
       for (size_t i = 0; i < insn.ops.size(); i++)
@@ -991,7 +1055,7 @@ bool Tracer::step_over(pid_t tid, user_regs_struct& regs, IpInfo& info, uint64_t
         handle(tid, s.raw());
         return false;
       }
-      user_regs_struct before = after;
+      Regs before = after;
       get_regs(tid, after);
       if (!(s.kind() == Stop::kSignal && s.sig() == SIGTRAP)) {
         if (s.kind() == Stop::kSignal && !t->resume_sig && s.sig() != SIGSEGV) t->resume_sig = s.sig();
@@ -1022,34 +1086,29 @@ void Tracer::handle_syscall(pid_t tid) {
   if (pt(PTRACE_GET_SYSCALL_INFO_NR, tid, sizeof si, reinterpret_cast<uint64_t>(&si)) <= 0) return;
   using Open = Thread::Open;
   if (t.open != Open::kNone) {
-    user_regs_struct r;
+    Regs r;
     get_regs(tid, r);
     if (si.op == 2 && t.open == Open::kOpening) {  // our mprotect(open) returned: run the real call
       for (uint64_t p = t.open_lo; p < t.open_lo + t.open_len; p += kPage)
         if (pages_.count(p)) pages_[p].cur_prot = pages_[p].orig_prot;
-      user_regs_struct e = t.entry_regs;
-      e.rip -= 2;
-      e.rax = e.orig_rax;
+      Regs e = t.entry_regs;
+      arch::rerun_from_entry(e);
       set_regs(tid, e);
       t.open = Open::kRunning;
       report_.unprotected_syscalls++;
     } else if (si.op == 2 && t.open == Open::kRunning) {  // the real call returned: close again
       t.result_regs = r;
-      user_regs_struct c = r;
-      c.rip -= 2;
-      c.rax = SYS_mprotect;
-      c.rdi = t.open_lo, c.rsi = t.open_len, c.rdx = PROT_NONE;
+      Regs c = r;
+      arch::rerun_as(c, SYS_mprotect, t.open_lo, t.open_len, PROT_NONE);
       set_regs(tid, c);
       t.open = Open::kClosing;
     } else if (si.op == 2 && t.open == Open::kClosing) {
       for (uint64_t p = t.open_lo; p < t.open_lo + t.open_len; p += kPage)
         if (pages_.count(p)) pages_[p].cur_prot = PROT_NONE;
-      user_regs_struct res = t.result_regs;
-      long rv = static_cast<long>(res.rax);
-      if (rv <= -512 && rv >= -516) {  // interrupted: restart it after the signal (as SA_RESTART would)
-        res.rip -= 2;
-        res.rax = res.orig_rax;
-      }
+      Regs res = t.result_regs;
+      long rv = arch::syscall_result(res);
+      if (rv <= -512 && rv >= -516)  // interrupted: restart it after the signal (as SA_RESTART would)
+        arch::restart_interrupted(res, t.entry_regs);
       set_regs(tid, res);
       t.open = Open::kNone;
     }
@@ -1078,10 +1137,10 @@ void Tracer::handle_syscall(pid_t tid) {
         std::vector<uint8_t> tmp(n);
         if (!mem_read(buf, tmp.data(), n) || !mem_write(dst, tmp.data(), n)) return;
       }
-      user_regs_struct r;
+      Regs r;
       get_regs(tid, r);
-      r.rsi = dst;
-      r.rdx = n;
+      arch::set_syscall_arg(r, 1, dst);
+      arch::set_syscall_arg(r, 2, n);
       set_regs(tid, r);
       slot_busy_[static_cast<size_t>(slot)] = true;
       t.redirect_slot = slot;
@@ -1094,19 +1153,7 @@ void Tracer::handle_syscall(pid_t tid) {
     if (nr == SYS_mprotect || nr == SYS_munmap || nr == SYS_mmap || nr == SYS_mremap || nr == SYS_madvise) return;
     // Another system call with an argument pointing into a protected page. Only
     // the arguments the call has: the other registers hold leftovers.
-    int nargs = 6;
-    switch (nr) {
-      case SYS_exit: case SYS_exit_group: case SYS_close: case SYS_brk: nargs = 1; break;
-      case SYS_sigaltstack: case SYS_set_robust_list: case SYS_clone3: case SYS_arch_prctl: case SYS_kill:
-      case SYS_nanosleep: case SYS_fstat: case SYS_munmap: case SYS_set_tid_address: nargs = 2; break;
-      case SYS_tgkill: case SYS_getrandom: case SYS_ioctl: case SYS_fcntl: case SYS_lseek: case SYS_poll:
-      case SYS_readv: case SYS_writev: nargs = 3; break;
-      case SYS_rt_sigprocmask: case SYS_rt_sigaction: case SYS_rseq: case SYS_clock_nanosleep:
-      case SYS_openat: case SYS_newfstatat: case SYS_wait4: nargs = 4; break;
-      case SYS_clone: case SYS_prctl: nargs = 5; break;
-      case SYS_sched_yield: case SYS_getpid: case SYS_gettid: nargs = 0; break;
-      default: break;
-    }
+    int nargs = arch::syscall_nargs(nr);
     for (int i = 0; i < nargs; i++) {
       uint64_t p = page_of(a[i]);
       if (!page_armed(p)) continue;
@@ -1116,9 +1163,9 @@ void Tracer::handle_syscall(pid_t tid) {
       while (pages_.count(hi)) hi += kPage;
       int prot = pages_[p].orig_prot;
       get_regs(tid, t.entry_regs);
-      user_regs_struct m = t.entry_regs;
-      m.orig_rax = SYS_mprotect;  // the kernel runs mprotect(open) instead; the real call follows
-      m.rdi = lo, m.rsi = hi - lo, m.rdx = static_cast<uint64_t>(prot);
+      Regs m = t.entry_regs;
+      // the kernel runs mprotect(open) instead; the real call follows
+      arch::replace_syscall_at_entry(m, SYS_mprotect, lo, hi - lo, static_cast<uint64_t>(prot));
       set_regs(tid, m);
       t.open_lo = lo;
       t.open_len = hi - lo;
@@ -1139,13 +1186,13 @@ void Tracer::handle_syscall(pid_t tid) {
         std::vector<uint8_t> tmp(static_cast<size_t>(ret));
         if (mem_read(src, tmp.data(), tmp.size())) mem_write(t.redirect_buf, tmp.data(), tmp.size());
       }
-      record_raw(tid, si.instruction_pointer - 2, t.redirect_buf, static_cast<uint64_t>(ret),
+      record_raw(tid, si.instruction_pointer - arch::kSyscallInsnLen, t.redirect_buf, static_cast<uint64_t>(ret),
                  t.redirect_in ? Access::kWrite : Access::kRead, now, t.redirect_in ? "syscall (kernel writes)" : "syscall (kernel reads)");
     }
-    user_regs_struct r;
+    Regs r;
     get_regs(tid, r);
-    r.rsi = t.redirect_buf;
-    r.rdx = t.redirect_len;
+    arch::set_syscall_arg(r, 1, t.redirect_buf);
+    arch::set_syscall_arg(r, 2, t.redirect_len);
     set_regs(tid, r);
     slot_busy_[static_cast<size_t>(t.redirect_slot)] = false;
     t.redirect_slot = -1;
@@ -1178,10 +1225,10 @@ void Tracer::disarm_and_detach(const std::string& reason) {
     }
     // Interrupted inside a redirected system call: it restarts with the real buffer.
     if (t.redirect_slot >= 0) {
-      user_regs_struct r;
+      Regs r;
       if (get_regs(tid, r)) {
-        r.rsi = t.redirect_buf;
-        r.rdx = t.redirect_len;
+        arch::set_syscall_arg(r, 1, t.redirect_buf);
+        arch::set_syscall_arg(r, 2, t.redirect_len);
         set_regs(tid, r);
       }
       t.redirect_slot = -1;

@@ -3,7 +3,6 @@
 // protected page into access records, restore everything on the way out.
 #pragma once
 #include <sys/types.h>
-#include <sys/user.h>
 
 #include <atomic>
 #include <cstdint>
@@ -16,7 +15,7 @@
 
 #include "common/fd.h"
 #include "common/result.h"
-#include "decoder.h"
+#include "arch.h"
 #include "process_maps.h"
 #include "report.h"
 
@@ -76,11 +75,16 @@ class Tracer {
     // Any other system call with a pointer into a protected page: the call is
     // bracketed by two mprotect calls run from this same thread's syscall stops.
     enum class Open : uint8_t { kNone, kOpening, kRunning, kClosing } open = Open::kNone;
-    user_regs_struct entry_regs{};  // at the entry of the program's system call
-    user_regs_struct result_regs{}; // at its exit
+    Regs entry_regs{};  // at the entry of the program's system call
+    Regs result_regs{}; // at its exit
     uint64_t open_lo = 0, open_len = 0;
     uint64_t stale_ip = 0, stale_addr = 0;  // last fault retried on an open page
     uint64_t retry_page = 0, retry_ip = 0;  // --rearm: page restored, access not yet re-run
+    // aarch64: the last load-exclusive stepped on a tracked page (what the
+    // thread's exclusive monitor would hold), for its store-exclusive.
+    uint64_t excl_addr = 0;
+    uint32_t excl_size = 0;
+    uint8_t excl_bytes[16] = {};
   };
   struct Page {
     int orig_prot = 0;
@@ -109,8 +113,10 @@ class Tracer {
   void finish_retries();                                     // --rearm
   uint64_t next_rearm_ns_ = 0;
   void handle_syscall(pid_t tid);
-  bool step_over(pid_t tid, user_regs_struct& regs, IpInfo& info, uint64_t fault_addr, uint64_t now);
-  bool emulate(pid_t tid, user_regs_struct& regs, const Insn& insn, uint64_t now);
+  bool step_over(pid_t tid, Regs& regs, IpInfo& info, uint64_t fault_addr, uint64_t now);
+  bool emulate(pid_t tid, Regs& regs, const Insn& insn, uint64_t now);
+  bool store_exclusive(pid_t tid, Regs& regs, const IpInfo& info, uint64_t now);
+  void finish_exclusive(pid_t tid, uint64_t now);
   void record(pid_t tid, const Insn& insn, const MemOp& op, Access a, uint64_t now);
   void record_raw(pid_t tid, uint64_t ip, uint64_t addr, uint64_t size, Access a, uint64_t now,
                   const std::string& insn_text);
@@ -132,7 +138,7 @@ class Tracer {
 
   // --track-allocs-from
   Result<void> arm_alloc_tracking();
-  void alloc_breakpoint(pid_t tid, user_regs_struct& regs);
+  void alloc_breakpoint(pid_t tid, Regs& regs);
   void disarm_alloc_tracking(pid_t tid);
 
  public:
@@ -154,7 +160,7 @@ class Tracer {
   uint64_t syscall_insn_ = 0;
   uint64_t scratch_ = 0;
   std::vector<bool> slot_busy_;
-  Decoder decoder_;
+  NativeDecoder decoder_;
   std::unique_ptr<ProcessSymbols> symbols_;
   std::unique_ptr<HwWatch> hw_watch_;
   Report report_;
