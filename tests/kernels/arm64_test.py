@@ -23,8 +23,11 @@ test: the guest holds the arm64 build's static memtrace-bpf, the test
     calls from a tracefs kprobe), stacks by the CFI unwinder through code
     without frame pointers (tests/unwind/targets/unwind_target.c and its
     library, cross-compiled here -O2 -fomit-frame-pointer: each leak's stack
-    through the functions the target calls, to main), and the features not
-    written for arm64 yet (which must say so in one line).
+    through the functions the target calls, to main), `track` (the
+    single-step helper) exact with 1 and 4 threads on
+    tests/singlestep/access_script_arm64.c and through the C API
+    (track_api_target.c with the arm64 libmemtrace_track.a), and the
+    features not written for arm64 yet (which must say so in one line).
     One result per test; exit 1 if any failed or the VM did not finish.
 """
 import argparse
@@ -220,6 +223,11 @@ FAULT_TARGET = "arm64-test/targets/fault_target"  # under the build dir, compile
 UNWIND_DIR = "arm64-test/targets/unwind"
 UNWIND_TARGET = UNWIND_DIR + "/unwind_target"
 UNWIND_LIB = UNWIND_DIR + "/libunwind_nofp.so"
+# The single-step helper's targets (tests/singlestep: not in the arm64 build),
+# cross-compiled here: the arm64 access script, and the C API test program
+# linked with the arm64 build's libmemtrace_track.a.
+SS_TARGET = "arm64-test/targets/access_script_arm64"
+SS_API_TARGET = "arm64-test/targets/ss_track_api_target"
 UNW_MARK = 123457  # unwind_target.c: the one allocation of each mode
 # The leak's stack in each mode, innermost first (the functions unwind_target
 # calls from main; every frame has work after its call: no tail calls). "...":
@@ -239,6 +247,8 @@ STATIC=@STATIC@
 DYN=@DYN@
 FAULT=@FAULT@
 UNW=@UNW@
+SS=@SS@
+SSAPI=@SSAPI@
 launch() {  # NAME ROUNDS PROGRAM: the JSON report, @@STDOUT, the program's output
   echo "@@BEGIN $1$2"
   $TOOL --format json -o /tmp/r.json -- $3 --rounds $2 > /tmp/r.out 2>/tmp/r.err
@@ -321,9 +331,33 @@ unwind unwind.fp.chain "--unwind fp" chain
 echo "@@BEGIN notyet.Rearm"
 $TOOL --trace-faults -p 1 --rearm 100 --range 0x1000-0x2000 2>&1
 echo "@@END notyet.Rearm $?"
-echo "@@BEGIN notyet.Track"
-$TOOL track -- $STATIC --rounds 1 2>&1
-echo "@@END notyet.Track $?"
+
+# The single-step helper (memtrace-bpf track): access_script_arm64 prints the
+# exact list of its region accesses, the same traced or not; the helper's log
+# must equal it. Each configuration runs untraced first.
+track() {  # NAME "HELPER OPTIONS" TARGET-ARGS...
+  n=$1; o=$2; shift 2
+  echo "@@BEGIN $n.plain"
+  $SS "$@" 2>&1
+  echo "@@END $n.plain $?"
+  echo "@@BEGIN $n"
+  $TOOL track --format json -o /tmp/s.json --symbol ss_region $o -- $SS "$@" > /tmp/s.out 2>/tmp/s.err
+  rc=$?
+  cat /tmp/s.json
+  echo "@@STDOUT"
+  cat /tmp/s.out
+  echo "@@STDERR"
+  cat /tmp/s.err
+  echo "@@END $n $rc"
+  rm -f /tmp/s.json
+}
+track track.OneThread "--mode step"
+track track.FourThreads "--mode step" --threads 4 --rounds 25
+track track.Exclusive "--mode step" --exclusive
+# The C API (StartTrackMemory/EndTrackMemory) from inside a program.
+echo "@@BEGIN track.CApi"
+$SSAPI 2>&1
+echo "@@END track.CApi $?"
 echo "@@TIME $t0 $(cut -d' ' -f1 /proc/uptime)"
 """
 
@@ -363,6 +397,21 @@ def make_test_initramfs(build, work, cache):
     for rel in (UNWIND_TARGET, UNWIND_LIB):
         kt.copy_to(stage, os.path.join(build, rel))
         dynamic.append(os.path.join(build, rel))
+    ss = os.path.join(build, SS_TARGET)
+    kt.run(["aarch64-linux-gnu-gcc", "-O2", "-g", "-fno-toplevel-reorder", "-o", ss,
+            os.path.join(ROOT, "tests", "singlestep", "access_script_arm64.c"), "-lpthread"])
+    api = os.path.join(build, SS_API_TARGET)
+    track_lib = os.path.join(build, "src", "singlestep-helper", "libmemtrace_track.a")
+    if not os.path.exists(track_lib):
+        sys.exit(f"arm64-test: {track_lib} missing: build the memtrace_track target")
+    kt.run(["aarch64-linux-gnu-gcc", "-O1", "-g", "-c", "-o", api + ".o",
+            "-I" + os.path.join(ROOT, "src", "singlestep-helper", "include"),
+            os.path.join(ROOT, "tests", "singlestep", "track_api_target.c")])
+    kt.run(["aarch64-linux-gnu-g++", "-static-libstdc++", "-static-libgcc", "-o", api, api + ".o", track_lib,
+            "-lpthread"])
+    for p in (ss, api):
+        kt.copy_to(stage, p)
+        dynamic.append(p)
     libs, interps = arm64_libs(dynamic, own=[UNWIND_LIB])
     for lib in sorted(libs):
         kt.copy_to(payload, lib)
@@ -377,7 +426,9 @@ def make_test_initramfs(build, work, cache):
                         .replace("@STATIC@", os.path.join(build, "tests/targets/alloc_rounds_static"))
                         .replace("@DYN@", os.path.join(build, "tests/targets/alloc_rounds"))
                         .replace("@FAULT@", os.path.join(build, FAULT_TARGET))
-                        .replace("@UNW@", os.path.join(build, UNWIND_TARGET))) + INIT_TAIL
+                        .replace("@UNW@", os.path.join(build, UNWIND_TARGET))
+                        .replace("@SS@", os.path.join(build, SS_TARGET))
+                        .replace("@SSAPI@", os.path.join(build, SS_API_TARGET))) + INIT_TAIL
     with open(os.path.join(stage, "init"), "w") as f:
         f.write(init)
     os.chmod(os.path.join(stage, "init"), 0o755)
@@ -388,6 +439,75 @@ def why_not(body):
     """The one line that names what is not there yet, else the output's tail."""
     m = re.search(r"^.*" + NOT_YET + r".*$", body, re.M)
     return m.group(0).strip() if m else body.strip()[-1500:]
+
+
+def script_lines(out):
+    """access_script's "T<t> <off> <size> <access>" lines, per thread."""
+    m = {}
+    for line in out.splitlines():
+        if len(line) > 1 and line[0] == "T" and line[1].isdigit():
+            t, _, rest = line.partition(" ")
+            m.setdefault(int(t[1:]), []).append(rest)
+    return m
+
+
+def track_result(sec, name, extra=()):
+    """The helper's log equals the list the target printed, thread by thread
+    (singlestep_test.cpp's expect_exact): thread 0 is the main thread (it
+    makes the first access), the others are told apart by their slice of the
+    region (thread t works on 512 + 128 * (t - 1)); the target's own output
+    and exit status as untraced; nothing dropped; every access symbolized."""
+    prc, plain = sec.get(name + ".plain", (None, ""))
+    rc, body = sec.get(name, (None, ""))
+    if prc != 7:
+        return False, f"untraced: exit {prc}: " + plain.strip()[-800:]
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    try:
+        j = json.loads(js)
+    except ValueError:
+        return False, f"exit {rc}, no report: " + (err or body).strip()[-1500:]
+    why = ""
+    if rc != 7:
+        why += f"exit {rc} (untraced 7); "
+    if out != plain:
+        why += "the target's output changed under tracing; "
+    for want in extra:
+        if want not in out:
+            why += f"no '{want}' in the target's output; "
+    base = int(j["regions"][0]["address"], 16)
+    acc = j["accesses"]
+    main_tid = acc[0]["tid"] if acc else 0
+    got = {}
+    for a in acc:
+        off = int(a["address"], 16) - base
+        t = 0 if a["tid"] == main_tid else 1 + (off - 512) // 128
+        got.setdefault(t, []).append(f"{off:+d} {a['size']} {a['access']}")
+    want = script_lines(plain)
+    if not want:
+        why += "the target printed no accesses; "
+    for t in sorted(set(want) | set(got)):
+        w, g = want.get(t, []), got.get(t, [])
+        if w != g:
+            first = next((i for i in range(min(len(w), len(g))) if w[i] != g[i]), min(len(w), len(g)))
+            why += (f"thread {t}: {len(g)} records, {len(w)} accesses; first difference at {first}: "
+                    f"got {g[first] if first < len(g) else '-'}, want {w[first] if first < len(w) else '-'}; ")
+    if j.get("dropped") != 0 or j.get("stop_reason") != "exit" or j.get("exit_code") != 7:
+        why += f"dropped {j.get('dropped')}, stop_reason {j.get('stop_reason')}, exit_code {j.get('exit_code')}; "
+    unnamed = [a for a in acc if not a.get("function")]
+    if unnamed:
+        why += f"{len(unnamed)} accesses without a function, e.g. {unnamed[0]}; "
+    if why:
+        return False, why
+    n = sum(len(v) for v in want.values())
+    return True, (f"{n} accesses in {len(want)} threads, exact; mode {j.get('mode')}, "
+                  f"single-stepped {j.get('stats', {}).get('single_stepped', '?')}")
+
+
+def capi_result(sec):
+    rc, body = sec.get("track.CApi", (None, ""))
+    ok = rc == 0 and "num_access 13 PASS" in body and "access 13 times" in body
+    return ok, ("num_access 13 PASS" if ok else f"exit {rc}: " + body.strip()[-1500:])
 
 
 def threads_result(sec, threads, rounds):
@@ -734,9 +854,13 @@ def cmd_test(a):
         rows.append((f"unwind.{mode.capitalize()}ReachesItsCallers", *unwind_result(sec, mode)))
     rows.append(("unwind.FramePointersAloneMissThem", *unwind_fp_result(sec)))
     rows.append(("unwind.LargeFrameRecordAtTheBottom", *large_frame_result(sec)))
+    rows.append(("track.OneThreadExact", *track_result(sec, "track.OneThread", ["read(2) into region ok"])))
+    rows.append(("track.FourThreadsExact", *track_result(sec, "track.FourThreads", ["ldadd total 100"])))
+    rows.append(("track.ExclusiveLoadStoreExact", *track_result(sec, "track.Exclusive", ["exclusive add: stored"])))
+    rows.append(("track.CApiTracksOwnRegionExactly", *capi_result(sec)))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
-    for name, want_rc in (("notyet.Rearm", 2), ("notyet.Track", 2)):
+    for name, want_rc in (("notyet.Rearm", 2),):
         rc, body = sec.get(name, (None, ""))
         ok = rc == want_rc and NOT_YET in body
         rows.append((name, ok, why_not(body) if ok else f"exit {rc}: " + body.strip()[-1500:]))
@@ -747,7 +871,7 @@ def cmd_test(a):
     for name, ok, detail in rows:
         if name.startswith("notyet.") and ok:
             print(f"PASS {name} (says: {detail})")
-        elif name.startswith(("faults.", "unwind.")) and ok:
+        elif name.startswith(("faults.", "unwind.", "track.")) and ok:
             print(f"PASS {name} ({detail})")
         else:
             print(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok or not detail else ": " + detail.replace("\n", "\n    ")))
