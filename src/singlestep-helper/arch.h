@@ -30,6 +30,7 @@ namespace arch {
 
 extern const char* const kName;      // "x86-64", "aarch64"
 extern const size_t kSyscallInsnLen;  // syscall: 2, svc #0: 4
+extern const char* const kWatchpointIp;  // what a hardware watchpoint's ip is (the record's insn text)
 
 bool get_regs(pid_t tid, Regs& r);
 bool set_regs(pid_t tid, const Regs& r);

@@ -20,6 +20,7 @@ namespace memtrace::singlestep::arch {
 
 const char* const kName = "aarch64";
 const size_t kSyscallInsnLen = 4;
+const char* const kWatchpointIp = "(hw watchpoint: ip is the access)";
 
 namespace {
 constexpr size_t kPrstatusBytes = offsetof(Arm64Regs, syscallno);  // = sizeof(user_pt_regs), 272

@@ -9,6 +9,7 @@ namespace memtrace::singlestep::arch {
 
 const char* const kName = "x86-64";
 const size_t kSyscallInsnLen = 2;
+const char* const kWatchpointIp = "(hw watchpoint: ip is the next instruction)";
 
 bool get_regs(pid_t tid, Regs& r) { return ptrace(PTRACE_GETREGS, tid, nullptr, &r) == 0; }
 bool set_regs(pid_t tid, const Regs& r) { return ptrace(PTRACE_SETREGS, tid, nullptr, &r) == 0; }

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "arch.h"
+
 namespace memtrace::singlestep {
 namespace {
 constexpr size_t kDataPages = 512;  // 2 MiB per thread
@@ -158,7 +160,7 @@ void HwWatch::drain(Report& report, ProcessSymbols& syms, uint64_t max, bool fin
     r.size = static_cast<uint32_t>(regions_[reg].len);
     r.access = acc;
     r.function = syms.function_of(r.ip);
-    r.insn = "(hw watchpoint: ip is the next instruction)";
+    r.insn = arch::kWatchpointIp;
     report.records.push_back(std::move(r));
   }
 }

@@ -7,8 +7,10 @@
 // write (W) and a read-or-write (RW) breakpoint, so a sample pair W+RW is a
 // write and RW alone a read. With three or four words only RW fits in the four
 // debug registers and accesses are reported as "read-write" (read or write).
-// Data breakpoints trap after the instruction: the ip reported is the address
-// of the next instruction, and the size is the watched word's.
+// x86 data breakpoints trap after the instruction: the ip reported is the
+// address of the next instruction. arm64 watchpoints trap before it (the
+// kernel steps over it for perf): the ip is the access's own. The size is the
+// watched word's on both.
 #pragma once
 #include <sys/types.h>
 
