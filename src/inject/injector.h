@@ -30,6 +30,7 @@ struct LoadStats {
   uint64_t threads = 0;     // threads stopped
   uint64_t stopped_us = 0;  // how long the process was stopped
   uint64_t call_us = 0;     // the dlopen call itself (the agent's constructor in it)
+  uint64_t busy_retries = 0;  // stops of the main thread found inside the loader or the allocator
 };
 
 // Why pid cannot take the agent, checked before any ptrace (nothing of
