@@ -26,8 +26,10 @@ test: the guest holds the arm64 build's static memtrace-bpf, the test
     through the functions the target calls, to main), `track` (the
     single-step helper) exact with 1 and 4 threads on
     tests/singlestep/access_script_arm64.c and through the C API
-    (track_api_target.c with the arm64 libmemtrace_track.a), and the
-    features not written for arm64 yet (which must say so in one line).
+    (track_api_target.c with the arm64 libmemtrace_track.a), its hardware
+    watchpoint path and -p; memtrace-bpf's -p, -c and system-wide modes
+    with alloc_rounds' exact counts; and the features not written for arm64
+    yet (which must say so in one line).
     One result per test; exit 1 if any failed or the VM did not finish.
 """
 import argparse
@@ -358,6 +360,135 @@ track track.Exclusive "--mode step" --exclusive
 echo "@@BEGIN track.CApi"
 $SSAPI 2>&1
 echo "@@END track.CApi $?"
+# One aligned word: the hardware watchpoint path (perf breakpoints), which
+# --mode auto picks for it.
+echo "@@BEGIN track.Hw"
+$TOOL track --format json -o /tmp/s.json --symbol ss_word -- $SS --hw 20 > /tmp/s.out 2>/tmp/s.err
+rc=$?
+cat /tmp/s.json
+echo "@@STDOUT"
+cat /tmp/s.out
+echo "@@STDERR"
+cat /tmp/s.err
+echo "@@END track.Hw $rc"
+
+waitfor() {  # FILE PATTERN: up to 60 s
+  i=0
+  while ! grep -q "$2" "$1" 2>/dev/null; do
+    i=$((i + 1)); [ $i -gt 600 ] && return 1
+    usleep 100000
+  done
+}
+# -p: the helper seizes the running script, which then runs it.
+echo "@@BEGIN track.Attach.plain"
+$SS 2>&1
+echo "@@END track.Attach.plain $?"
+rm -f /tmp/in /tmp/a.out /tmp/a.ready
+mkfifo /tmp/in
+$SS --wait-stdin < /tmp/in > /tmp/a.out 2>&1 &
+tp=$!
+exec 4>/tmp/in
+waitfor /tmp/a.out ready
+$TOOL track --format json -o /tmp/s.json --symbol ss_region --mode step -p $tp --ready-fd 5 5>/tmp/a.ready \
+  > /tmp/s.out 2>/tmp/s.err &
+hp=$!
+i=0
+while [ ! -s /tmp/a.ready ] && [ $i -lt 600 ]; do i=$((i + 1)); usleep 100000; done
+echo go >&4
+exec 4>&-
+wait $tp
+trc=$?
+wait $hp
+hrc=$?
+echo "@@BEGIN track.Attach"
+cat /tmp/s.json
+echo "@@STDOUT"
+cat /tmp/a.out
+echo "@@STDERR"
+cat /tmp/s.err
+echo "@@TARGET $trc"
+echo "@@END track.Attach $hrc"
+rm -f /tmp/s.json
+
+# memtrace-bpf -p, -c and system-wide on alloc_rounds, which prints what one
+# round does (integration_test.cpp's AttachToRunningPid..., CommMode...,
+# SystemWideSeesProgramsItDidNotStart).
+rm -f /tmp/in /tmp/t.out /tmp/m.err
+mkfifo /tmp/in
+$DYN --wait --rounds 20 < /tmp/in > /tmp/t.out &
+tp=$!
+exec 4>/tmp/in
+waitfor /tmp/t.out ready
+$TOOL --format json -o /tmp/p.json -p $tp 2>/tmp/m.err &
+mp=$!
+waitfor /tmp/m.err tracing
+echo >&4
+waitfor /tmp/t.out per_round
+echo >&4
+exec 4>&-
+wait $tp
+trc=$?
+wait $mp
+mrc=$?
+echo "@@BEGIN bpf.Attach"
+echo "@@PID $tp $trc"
+cat /tmp/p.json
+echo "@@STDOUT"
+cat /tmp/t.out
+echo "@@STDERR"
+cat /tmp/m.err
+echo "@@END bpf.Attach $mrc"
+
+bpf_two() {  # NAME TOOL-OPTIONS: alloc_rounds with 0 and 20 rounds, started after the tool, then SIGINT
+  rm -f /tmp/m.err /tmp/t0.out /tmp/t20.out /tmp/pids /tmp/hold /tmp/h.out
+  # System-wide needs one running process with an allocator to start from
+  # ("no process on this system maps a known allocator" otherwise: the
+  # guest's other processes are static busybox); it waits here till the end.
+  mkfifo /tmp/hold
+  $DYN --wait --rounds 0 < /tmp/hold > /tmp/h.out &
+  hold=$!
+  exec 5>/tmp/hold
+  waitfor /tmp/h.out ready
+  $TOOL --format json -o /tmp/w.json $2 2>/tmp/m.err &
+  mp=$!
+  waitfor /tmp/m.err tracing
+  for r in 0 20; do
+    rm -f /tmp/in
+    mkfifo /tmp/in
+    $DYN --wait --rounds $r < /tmp/in > /tmp/t$r.out &
+    tp=$!
+    exec 4>/tmp/in
+    waitfor /tmp/t$r.out ready
+    usleep 200000  # the loader attaches to a libc it may not have seen
+    echo >&4
+    echo >&4
+    exec 4>&-
+    wait $tp
+    echo "@@PID $r $tp $?" >> /tmp/pids
+  done
+  $STATIC --rounds 3 > /dev/null &  # another command name: not traced by -c
+  op=$!
+  wait $op
+  echo "@@PID other $op $?" >> /tmp/pids
+  usleep 300000
+  kill -INT $mp
+  wait $mp
+  mrc=$?
+  echo >&5
+  echo >&5
+  exec 5>&-
+  wait $hold
+  echo "@@BEGIN $1"
+  cat /tmp/pids
+  cat /tmp/w.json
+  echo "@@STDOUT"
+  cat /tmp/t20.out
+  echo "@@STDERR"
+  cat /tmp/m.err
+  echo "@@END $1 $mrc"
+}
+bpf_two bpf.Comm "-c alloc_rounds"
+bpf_two bpf.SystemWide ""
 echo "@@TIME $t0 $(cut -d' ' -f1 /proc/uptime)"
 """
 
@@ -451,7 +582,7 @@ def script_lines(out):
     return m
 
 
-def track_result(sec, name, extra=()):
+def track_result(sec, name, extra=(), attach=False):
     """The helper's log equals the list the target printed, thread by thread
     (singlestep_test.cpp's expect_exact): thread 0 is the main thread (it
     makes the first access), the others are told apart by their slice of the
@@ -468,7 +599,15 @@ def track_result(sec, name, extra=()):
     except ValueError:
         return False, f"exit {rc}, no report: " + (err or body).strip()[-1500:]
     why = ""
-    if rc != 7:
+    if attach:
+        tm = re.search(r"^@@TARGET (-?\d+)$", err, re.M)
+        if not tm or tm.group(1) != "7":
+            why += f"target exit {tm.group(1) if tm else '?'} (untraced 7); "
+        if rc != 0:
+            why += f"helper exit {rc}; "
+        out = out.replace("ready\n", "", 1)
+        err = err[:tm.start()] if tm else err
+    elif rc != 7:
         why += f"exit {rc} (untraced 7); "
     if out != plain:
         why += "the target's output changed under tracing; "
@@ -492,7 +631,7 @@ def track_result(sec, name, extra=()):
             first = next((i for i in range(min(len(w), len(g))) if w[i] != g[i]), min(len(w), len(g)))
             why += (f"thread {t}: {len(g)} records, {len(w)} accesses; first difference at {first}: "
                     f"got {g[first] if first < len(g) else '-'}, want {w[first] if first < len(w) else '-'}; ")
-    if j.get("dropped") != 0 or j.get("stop_reason") != "exit" or j.get("exit_code") != 7:
+    if j.get("dropped") != 0 or j.get("stop_reason") != "exit" or j.get("exit_code", 7 if attach else None) != 7:
         why += f"dropped {j.get('dropped')}, stop_reason {j.get('stop_reason')}, exit_code {j.get('exit_code')}; "
     unnamed = [a for a in acc if not a.get("function")]
     if unnamed:
@@ -502,6 +641,99 @@ def track_result(sec, name, extra=()):
     n = sum(len(v) for v in want.values())
     return True, (f"{n} accesses in {len(want)} threads, exact; mode {j.get('mode')}, "
                   f"single-stepped {j.get('stats', {}).get('single_stepped', '?')}")
+
+
+def hw_result(sec):
+    """One aligned word through the hardware watchpoint path: every store and
+    load of the script, as a write or a read of the watched word (8 bytes),
+    in order (singlestep_test.cpp's HardwareWatchpointPath)."""
+    rc, body = sec.get("track.Hw", (None, ""))
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    try:
+        j = json.loads(js)
+    except ValueError:
+        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
+    want = [l[2:] for l in out.splitlines() if l.startswith("W ")]
+    got = [f"+0 {a['size']} {a['access']}" for a in j["accesses"]]
+    why = ""
+    if rc != 7:
+        why += f"exit {rc}; "
+    if j.get("mode") != "hw-watchpoint":
+        why += f"mode {j.get('mode')}; "
+    if got != want:
+        first = next((i for i in range(min(len(want), len(got))) if want[i] != got[i]), min(len(want), len(got)))
+        why += (f"{len(got)} records, {len(want)} accesses; first difference at {first}: "
+                f"got {got[first] if first < len(got) else '-'}, want {want[first] if first < len(want) else '-'}; ")
+    if why:
+        return False, why + err.strip()[-500:]
+    fns = sorted({a["function"] for a in j["accesses"]})
+    return True, f"{len(got)} accesses (mode {j['mode']}), exact, in {', '.join(fns)}"
+
+
+def per_round(out):
+    m = re.search(r"per_round allocs=(\d+) frees=(\d+) bytes=(\d+) failed=(\d+) leaked_blocks=(\d+)", out)
+    return dict(zip(("allocs", "frees", "bytes_allocated", "failed_allocs", "in_use_blocks"),
+                    map(int, m.groups()))) if m else None
+
+
+def find_proc(rep, pid):
+    last = None
+    for p in rep.get("processes", []):
+        if p.get("pid") == pid:
+            last = p
+    return last
+
+
+def bpf_attach_result(sec):
+    """-p on alloc_rounds --wait --rounds 20: exactly the 20 rounds it made
+    after the tool said it was tracing, the tool ending with its process."""
+    rc, body = sec.get("bpf.Attach", (None, ""))
+    m = re.search(r"^@@PID (\d+) (\d+)$", body, re.M)
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    try:
+        j = json.loads(js[js.index("{"):])
+    except ValueError:
+        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
+    per = per_round(out)
+    p = find_proc(j, int(m.group(1))) if m else None
+    if rc != 0 or not m or m.group(2) != "0" or not per or not p:
+        return False, f"tool exit {rc}, target {m.group(2) if m else '?'}, per_round {per}, process {bool(p)}: " + err[-800:]
+    why = "".join(f"{k}: {p['summary'][k]} != {20 * v}; " for k, v in per.items() if p["summary"][k] != 20 * v)
+    return not why, why or ("; ".join(f"{k} {p['summary'][k]}" for k in per) + " = 20 rounds exactly")
+
+
+def bpf_two_result(sec, name, comm_only):
+    """-c alloc_rounds / system-wide: alloc_rounds --rounds 20 minus --rounds 0,
+    both started after the tool, exactly 20 rounds; -c leaves another command
+    out."""
+    rc, body = sec.get(name, (None, ""))
+    pids = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(r"^@@PID (\S+) (\d+) (\d+)$", body, re.M)}
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    try:
+        j = json.loads(js[js.index("{"):])
+    except ValueError:
+        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
+    per = per_round(out)
+    p0 = find_proc(j, pids["0"][0]) if "0" in pids else None
+    p1 = find_proc(j, pids["20"][0]) if "20" in pids else None
+    if rc != 0 or not per or not p0 or not p1:
+        return False, f"tool exit {rc}, pids {pids}, per_round {per}, processes {bool(p0)} {bool(p1)}: " + err[-800:]
+    why = ""
+    for k in ("allocs", "frees", "bytes_allocated"):
+        got = p1["summary"][k] - p0["summary"][k]
+        if got != 20 * per[k]:
+            why += f"{k}: {got} != {20 * per[k]}; "
+    other = find_proc(j, pids["other"][0]) if "other" in pids else None
+    if comm_only and other:
+        why += "the other command (alloc_rounds_st) was traced; "
+    n = len(j.get("processes", []))
+    return not why, why or (f"allocs {p1['summary']['allocs'] - p0['summary']['allocs']}, frees "
+                            f"{p1['summary']['frees'] - p0['summary']['frees']}, bytes "
+                            f"{p1['summary']['bytes_allocated'] - p0['summary']['bytes_allocated']} = 20 rounds "
+                            f"exactly; {n} processes in the report")
 
 
 def capi_result(sec):
@@ -858,6 +1090,11 @@ def cmd_test(a):
     rows.append(("track.FourThreadsExact", *track_result(sec, "track.FourThreads", ["ldadd total 100"])))
     rows.append(("track.ExclusiveLoadStoreExact", *track_result(sec, "track.Exclusive", ["exclusive add: stored"])))
     rows.append(("track.CApiTracksOwnRegionExactly", *capi_result(sec)))
+    rows.append(("track.HardwareWatchpointPath", *hw_result(sec)))
+    rows.append(("track.AttachExact", *track_result(sec, "track.Attach", ["read(2) into region ok"], attach=True)))
+    rows.append(("bpf.AttachCountsOnlyAfterAttach", *bpf_attach_result(sec)))
+    rows.append(("bpf.CommCountsProcessesStartedLater", *bpf_two_result(sec, "bpf.Comm", True)))
+    rows.append(("bpf.SystemWideSeesProgramsItDidNotStart", *bpf_two_result(sec, "bpf.SystemWide", False)))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
     for name, want_rc in (("notyet.Rearm", 2),):
@@ -871,7 +1108,7 @@ def cmd_test(a):
     for name, ok, detail in rows:
         if name.startswith("notyet.") and ok:
             print(f"PASS {name} (says: {detail})")
-        elif name.startswith(("faults.", "unwind.", "track.")) and ok:
+        elif name.startswith(("faults.", "unwind.", "track.", "bpf.")) and ok:
             print(f"PASS {name} ({detail})")
         else:
             print(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok or not detail else ": " + detail.replace("\n", "\n    ")))

@@ -11,7 +11,11 @@
 // instruction, so the compiler adds none.
 //
 // Usage: access_script_arm64 [--threads N (at most 4)] [--rounds R] [--exclusive]
+//        [--wait-stdin] [--hw N]
 // Lines: "T<thread> <+off|-off> <size> <read|write|read-write>"; exit 7.
+// --wait-stdin: print "ready" and wait for a line first (attach tests).
+// --hw N: N rounds of a store and two loads on ss_word alone, "W +0 8 ..."
+// lines (the hardware watchpoint path: the watched word's size).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/futex.h>
@@ -130,6 +134,16 @@ static unsigned zva_bytes(void) {
 
 static volatile uint64_t sink;
 static int exclusive;
+// For the hardware-watchpoint test: an aligned word on its own.
+__attribute__((aligned(64))) uint64_t ss_word;
+
+__attribute__((noinline)) static void hw_script(int n) {
+  for (int i = 0; i < n; i++) {
+    st64((u8*)&ss_word, (uint64_t)i);      printf("W +0 8 write\n");
+    sink += ld64((u8*)&ss_word);           printf("W +0 8 read\n");
+    sink += ld32((u8*)&ss_word + 4);       printf("W +0 8 read\n");
+  }
+}
 
 __attribute__((noinline)) static void script_single(void) {
   u8* r = ss_region;
@@ -212,9 +226,11 @@ __attribute__((noinline)) static void* thread_script(void* arg) {
 }
 
 int main(int argc, char** argv) {
-  int threads = 0;
+  int threads = 0, wait_stdin = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
+    else if (!strcmp(argv[i], "--hw") && i + 1 < argc) { hw_script(atoi(argv[++i])); printf("done\n"); return 7; }
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--exclusive")) exclusive = 1;
   }
@@ -223,6 +239,12 @@ int main(int argc, char** argv) {
   if (b + 256 != r || r + REGION != a || (b >> 12) != ((a + 255) >> 12)) {
     printf("layout wrong\n");
     return 4;
+  }
+  if (wait_stdin) {  // attach mode: the test attaches, then writes a line
+    printf("ready\n");
+    fflush(stdout);
+    char line[8];
+    if (!fgets(line, sizeof line, stdin)) return 5;
   }
   script_single();
   if (threads > 0) {
