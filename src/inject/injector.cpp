@@ -422,7 +422,7 @@ Result<void> can_inject(pid_t pid) {
   return {};
 }
 
-Result<Held> hold_at_entry(pid_t pid, int timeout_ms) {
+Result<Held> hold_at_entry(pid_t pid, int timeout_ms, const std::function<void()>& on_stop) {
   std::string who = "pid " + std::to_string(pid);
   uint64_t entry = 0, base = 0;
   {
@@ -437,6 +437,7 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms) {
   if (!base) return Error::msg("a static program (no dynamic loader): nothing to call dlopen in");
 #if !defined(__x86_64__)
   (void)timeout_ms;
+  (void)on_stop;
   return Error::msg("not supported on this architecture yet: --inject at exec (x86-64 only)");
 #else
   Held held(new StoppedProcess(pid));
@@ -494,9 +495,14 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms) {
         return held;
       }
     }
-    // SIGSTOP: a stop the process is already in (it restops when let go);
-    // any other signal is its own.
-    if (s.sig != SIGSTOP) sig = s.sig;
+    // SIGSTOP: BPF's stop at a new executable mapping (its allocator):
+    // on_stop does what the tracer does at that stop, and the process
+    // goes on; any other signal is its own.
+    if (s.sig == SIGSTOP) {
+      if (on_stop) on_stop();
+    } else {
+      sig = s.sig;
+    }
   }
 #endif
 }

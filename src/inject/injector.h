@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,7 +46,10 @@ Result<void> can_inject(pid_t pid);
 // own code has run) and held there. A static program (no ld.so: AT_BASE
 // 0) is refused before anything is done to it. The process stops again
 // when it is let go (its group stop stays in effect): SIGCONT runs it.
-Result<Held> hold_at_entry(pid_t pid, int timeout_ms = 10000);
+// on_stop: called at each SIGSTOP on the way (BPF's stop at a new
+// executable mapping: the tracer attaches uprobes to the allocator there),
+// which is then not delivered.
+Result<Held> hold_at_entry(pid_t pid, int timeout_ms = 10000, const std::function<void()>& on_stop = {});
 
 // The handle dlopen returned in the target (non-zero), or why not.
 // timeout_ms: how long the call may take; past it the attempt is abandoned

@@ -728,28 +728,82 @@ Result<void> Tracer::inject_or_attach(pid_t pid, bool given) {
 // --inject, a process stopped by BPF at its exec (the launched program, a
 // new -c process, an injected one that exec'd): run to its entry point
 // under ptrace, where its libraries are loaded and relocated, and the
-// agent loaded there, before any of its code runs. A static program is
-// traced by uprobes from its exec; one the agent cannot go into at its
-// entry, from there (held until they are attached).
+// agent loaded there, before any of its code runs. Until then uprobes
+// record it as on the BPF path (ld.so's allocations and the libraries'
+// constructors'): attached at its exec, or at BPF's stop when it maps its
+// allocator (taken here under ptrace). At the entry the process is held:
+// no call of its is under way; the uprobes' records so far go to the model,
+// the rest of theirs is dropped (handed_over_), and the agent records from
+// the next call on: nothing counted twice or lost (issue 21, item 7). A
+// static program is traced by uprobes from its exec; one the agent cannot
+// go into at its entry, from there (held until they are attached).
 Result<void> Tracer::inject_at_exec(pid_t pid, Snapshot& snap) {
   wait_stop_landed(pid);
-  auto held = [&]() -> Result<inject::Held> {
-    if (auto r = inject::can_inject(pid); !r) return r.error();
-    if (access(inject::agent_path().c_str(), R_OK) != 0) return Error::sys("agent library " + inject::agent_path());
-    // No stops at ld.so's mappings on the way: the agent hooks every
-    // object there, and later ones through its dlopen hook.
-    uint32_t key = pid;
-    mt_target t{};
-    bpf_map_lookup_elem(bpf_map__fd(skel_->maps.targets), &key, &t);
-    set_target_state(pid, MT_TS_TRACED, t.follow | MT_FOLLOW_NO_STOP);
-    return inject::hold_at_entry(pid);
-  }();
-  Result<void> why = held ? inject_process(pid, held->get()) : held.error();
-  if (why) return why;
+  if (auto r = [&]() -> Result<void> {
+        if (auto c = inject::can_inject(pid); !c) return c.error();
+        if (access(inject::agent_path().c_str(), R_OK) != 0) return Error::sys("agent library " + inject::agent_path());
+        return {};
+      }();
+      !r) {
+    say_not_injected(pid, r.error());
+    return attach_process(pid, false, &snap);
+  }
+  if (auto r = attach_process(pid, false, &snap); !r) {
+    errors_.push_back(r.error().message);
+    attach_failures_++;
+  }
+  int swallowed = 0;
+  auto held = inject::hold_at_entry(pid, 10000, [&] {
+    swallowed++;
+    if (procs_[pid].attached) return;
+    Snapshot now(pid, &maps_reads_);
+    if (auto r = attach_process(pid, false, &now); !r) {
+      errors_.push_back(r.error().message);
+      attach_failures_++;
+    }
+  });
+  if (swallowed) swallowed_[pid] += swallowed;
+  if (!held) {
+    say_not_injected(pid, held.error());
+    if (procs_[pid].attached) return {};
+    Snapshot now(pid, &maps_reads_);
+    return attach_process(pid, false, &now);
+  }
+  // The handover: the uprobes' records so far into the model; theirs from
+  // here on (the agent's own load, then calls the agent records) dropped.
+  // No stops at the agent's own mappings (libunwind) nor at later ones:
+  // its dlopen hook covers new code.
+  drain_events();
+  handed_over_.insert(pid);
+  uint32_t key = pid;
+  mt_target t{};
+  bpf_map_lookup_elem(bpf_map__fd(skel_->maps.targets), &key, &t);
+  bool probed = procs_[pid].attached;
+  set_target_state(pid, MT_TS_TRACED, t.follow | MT_FOLLOW_NO_STOP);
+  Result<void> why = inject_process(pid, held->get());
+  if (why) {
+    procs_[pid].probes.reset();  // closed in the background; handed_over_ until then
+    return why;
+  }
+  // Not injected: the uprobes go on from here (the call's own records dropped).
   say_not_injected(pid, why.error());
-  if (!held) return attach_process(pid, false, &snap);
-  Snapshot at_entry(pid, &maps_reads_);  // its libraries mapped now
+  drain_events();
+  handed_over_.erase(pid);
+  set_target_state(pid, MT_TS_TRACED, t.follow);
+  if (probed) return {};
+  Snapshot at_entry(pid, &maps_reads_);
   return attach_process(pid, false, &at_entry);
+}
+
+// --inject: an allocator call of a process handed over to its agent at its
+// entry point (inject_at_exec), recorded by its uprobes, which are closed
+// in the background and still fire meanwhile: the agent has the call.
+bool Tracer::handed_over_call(const void* data, size_t len) const {
+  if (len < sizeof(mt_event)) return false;
+  const auto* e = static_cast<const mt_event*>(data);
+  uint32_t k = e->h.kind;
+  return (k == MT_EV_ALLOC || k == MT_EV_FREE || k == MT_EV_ALLOC_FAIL || k == MT_EV_REALLOC_FAIL) &&
+         e->role < MT_ROLE_COUNT && handed_over_.count(static_cast<pid_t>(e->h.pid));
 }
 
 size_t Tracer::drain_injected(bool flush) {
@@ -770,6 +824,7 @@ void Tracer::detach_injected() {
 }
 
 int Tracer::on_event(void* data, size_t len) {
+  if (!handed_over_.empty() && handed_over_call(data, len)) return budget_ && --budget_ == 0 ? -EAGAIN : 0;
   std::optional<Snapshot> snap;  // read only for new code
   const std::vector<MapEntry>* maps = nullptr;
   if (len >= sizeof(mt_event)) {
@@ -840,12 +895,20 @@ int Tracer::on_proc_event(void* data, size_t len) {
       procs_[pid].attached = false;
       unwind_add(snap);  // the new image (and ld.so) even before an allocator is mapped
       procs_[pid].injected = false;  // its agent went with its old image
+      handed_over_.erase(pid);       // the old image's records are in (drained above)
+      swallowed_.erase(pid);
       if (auto r = o_.inject ? inject_at_exec(pid, snap) : attach_process(pid, false, &snap); !r) {
         errors_.push_back(r.error().message);
         attach_failures_++;
       }
       break;
     case MT_EV_LIBMAP:
+      // A stop taken and let go under ptrace (inject_at_exec): nothing to resume.
+      if (auto it = swallowed_.find(pid); stopped && it != swallowed_.end()) {
+        if (--it->second == 0) swallowed_.erase(it);
+        forget_stopped(pid);
+        stopped = false;
+      }
       // System-wide (not stopped): read the new mapping now, while the
       // process lives; attach to a new allocator.
       if (system_wide_) {
@@ -867,6 +930,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
     case MT_EV_FORK:
       log("fork " + std::to_string(e.ppid) + " -> " + std::to_string(pid));
       resolver_.inherit(e.ppid, pid);  // first: before the backlog below, while it lives
+      handed_over_.erase(pid);         // a pid used again: the process that had it is gone
       // Events of the parent from before the fork are already queued: apply
       // them so that the child inherits the right live blocks.
       drain_events();  // not rb_: we are inside its callback
@@ -886,6 +950,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
     case MT_EV_EXIT: {
       log("exit pid " + std::to_string(pid) + " status " + std::to_string(e.exit_code));
       resolver_.exited(pid);  // code it mapped after its last read
+      swallowed_.erase(pid);
       auto it = procs_.find(pid);
       if (it != procs_.end()) {
         it->second.probes.reset();

@@ -221,6 +221,15 @@ class Tracer {
   size_t drain_injected(bool flush = false);  // flush: every record written so far
   void detach_injected();
   std::vector<std::unique_ptr<inject::Session>> injected_;
+  // --inject of a process at its exec: its uprobes record it up to its entry
+  // point, where the agent takes over (inject_at_exec). From then on the
+  // uprobes' allocator records of the image are dropped (they are closed in
+  // the background and still fire meanwhile): handed_over_. BPF's stops at
+  // its new libraries on the way were taken under ptrace there, not by
+  // resume(): swallowed_ of each pid, forgotten when their records come.
+  std::set<pid_t> handed_over_;
+  bool handed_over_call(const void* data, size_t len) const;
+  std::map<pid_t, int> swallowed_;
 };
 
 }  // namespace memtrace::loader

@@ -674,3 +674,26 @@ TEST(Inject, NoDeadlockAttachingInsideLoaderAndAllocator) {
   EXPECT_GT(injected, 0);
 }
 
+// Issue 21, item 7: a launched program's allocations before its entry point
+// (a library's constructor, run by ld.so) are recorded by uprobes until the
+// agent takes over at the entry; blocks allocated before and freed after
+// match: the whole run's counts exact, the leak's stack in the constructor.
+TEST(Inject, CliLaunchSeesAllocationsBeforeTheEntryPoint) {
+  MEMTRACE_REQUIRE_ROOT();
+  ToolRun r = run_tool({"--inject", "--", CTOR_ALLOC, "1000"});
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_EQ(count_of(r.err, "uprobes instead"), 0u) << r.err;
+  const json* p = find_comm(r.report, "ctor_alloc");
+  ASSERT_TRUE(p) << r.report.dump();
+  Expect e = parse_expect(r.out);
+  ASSERT_EQ(e.allocs, 1006) << r.out;
+  expect_report_exact(*p, e);
+  expect_nothing_dropped(r.report);
+  EXPECT_EQ(r.report["stats"]["frees_of_unseen_blocks"].get<long>(), 0) << r.report["stats"].dump();
+  const json* leak = nullptr;
+  for (const auto& l : (*p)["leaks"])
+    if (l["blocks"] == 3 && l["bytes"] == 1200) leak = &l;
+  ASSERT_TRUE(leak) << (*p)["leaks"].dump();
+  ASSERT_GE((*leak)["stack"].size(), 1u) << leak->dump();
+  EXPECT_EQ((*leak)["stack"][0]["function"], "ctor_alloc_init") << leak->dump();
+}
