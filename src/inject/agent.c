@@ -60,6 +60,11 @@ static TLS int t_in_hook;
 static TLS uint32_t t_tid;
 static TLS uint32_t t_count;
 static TLS uintptr_t t_stack_lo, t_stack_hi;
+/* A C++ aligned operator new of this thread is running: the size it was
+ * asked for (its aligned_alloc/posix_memalign/memalign gets it rounded up
+ * to the alignment in libstdc++). 0: none. */
+static TLS size_t t_new_size;
+static TLS int t_new_pending;
 
 /* The allocator's own functions, as dlsym(RTLD_NEXT) finds them from here
  * (libc's). Not through this library's PLT: in a non-PIE program that takes
@@ -77,6 +82,13 @@ static struct {
   void* (*valloc)(size_t);
   void* (*pvalloc)(size_t);
   void* (*dlopen)(const char*, int);
+  /* The C++ runtime's aligned operator new (libstdc++), NULL where none is
+   * loaded: operator new(size_t, align_val_t) and new[], and their nothrow
+   * forms. */
+  void* (*new_al)(size_t, size_t);
+  void* (*new_arr_al)(size_t, size_t);
+  void* (*new_al_nt)(size_t, size_t, const void*);
+  void* (*new_arr_al_nt)(size_t, size_t, const void*);
 } real;
 
 typedef int (*unw_backtrace_fn)(void**, int);
@@ -378,24 +390,42 @@ static __attribute__((noinline)) void* hook_reallocarray(void* old, size_t n, si
   return p;
 }
 
+/* Called from inside a C++ aligned operator new: the size the program asked
+ * for and MT_F_CXX_NEW, as the BPF path records it (MT_ROLE_ALIGNED_NEW);
+ * the mark is taken by the first aligned call in any case. */
+static inline uint64_t asked_size(uint64_t size, uint32_t* flags) {
+  if (LIKELY(!t_new_pending)) return size;
+  t_new_pending = 0;
+  *flags |= MT_F_CXX_NEW;
+  return t_new_size;
+}
+
 static __attribute__((noinline)) int hook_posix_memalign(void** out, size_t align, size_t size) {
-  if (!enter()) return real.posix_memalign(out, align, size);
+  if (!enter()) {
+    t_new_pending = 0;
+    return real.posix_memalign(out, align, size);
+  }
   uint32_t flags = 0;
   uint64_t sid = take_stack(RET, BP, &flags);
   int r = real.posix_memalign(out, align, size);
   void* p = r == 0 ? *out : NULL;
-  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, MT_ROLE_POSIX_MEMALIGN);
+  uint64_t asked = asked_size(size, &flags);
+  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, asked, 0, sid, MT_ROLE_POSIX_MEMALIGN);
   leave();
   return r;
 }
 
 #define ALIGNED_HOOK(name, role)                                                              \
   static __attribute__((noinline)) void* hook_##name(size_t align, size_t size) {             \
-    if (!enter()) return real.name(align, size);                                                   \
+    if (!enter()) {                                                                           \
+      t_new_pending = 0;                                                                      \
+      return real.name(align, size);                                                          \
+    }                                                                                         \
     uint32_t flags = 0;                                                                       \
     uint64_t sid = take_stack(RET, BP, &flags);                                               \
-    void* p = real.name(align, size);                                                              \
-    emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, role);        \
+    void* p = real.name(align, size);                                                         \
+    uint64_t asked = asked_size(size, &flags);                                                \
+    emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, asked, 0, sid, role);       \
     leave();                                                                                  \
     return p;                                                                                 \
   }
@@ -417,6 +447,31 @@ ALIGNED_HOOK(memalign, MT_ROLE_MEMALIGN)
 PAGE_HOOK(valloc, MT_ROLE_VALLOC)
 PAGE_HOOK(pvalloc, MT_ROLE_PVALLOC)
 #pragma GCC diagnostic pop
+
+/* C++ aligned operator new: not recorded itself (its aligned_alloc is,
+ * through libstdc++'s GOT slot); it leaves the size asked for to that call.
+ * No frame of ours needs cleaning if it throws (bad_alloc goes through this
+ * frame: the agent is built with unwind tables). */
+#define NEW_HOOK(name)                                                          \
+  static __attribute__((noinline)) void* hook_##name(size_t size, size_t al) { \
+    t_new_size = size;                                                          \
+    t_new_pending = 1;                                                          \
+    void* p = real.name(size, al);                                              \
+    t_new_pending = 0;                                                          \
+    return p;                                                                   \
+  }
+#define NEW_NT_HOOK(name)                                                                       \
+  static __attribute__((noinline)) void* hook_##name(size_t size, size_t al, const void* nt) { \
+    t_new_size = size;                                                                          \
+    t_new_pending = 1;                                                                          \
+    void* p = real.name(size, al, nt);                                                          \
+    t_new_pending = 0;                                                                          \
+    return p;                                                                                   \
+  }
+NEW_HOOK(new_al)
+NEW_HOOK(new_arr_al)
+NEW_NT_HOOK(new_al_nt)
+NEW_NT_HOOK(new_arr_al_nt)
 
 static void rewrite_all(void);
 
@@ -445,11 +500,34 @@ static const struct hook g_hooks[] = {
     {"valloc", (void*)hook_valloc},
     {"pvalloc", (void*)hook_pvalloc},
     {"dlopen", (void*)hook_dlopen},
+    {"_ZnwmSt11align_val_t", (void*)hook_new_al},
+    {"_ZnamSt11align_val_t", (void*)hook_new_arr_al},
+    {"_ZnwmSt11align_val_tRKSt9nothrow_t", (void*)hook_new_al_nt},
+    {"_ZnamSt11align_val_tRKSt9nothrow_t", (void*)hook_new_arr_al_nt},
 };
 
 static const void* hook_for(const char* name) {
   for (size_t i = 0; i < sizeof g_hooks / sizeof g_hooks[0]; i++)
-    if (strcmp(name, g_hooks[i].name) == 0) return g_hooks[i].fn;
+    if (strcmp(name, g_hooks[i].name) == 0) {
+      /* operator new's hooks only once the C++ runtime is there to call. */
+      if (name[0] == '_') {
+        int arr = name[3] == 'a', nt = strchr(name, 'R') != NULL;
+        void** r = nt ? (arr ? (void**)&real.new_arr_al_nt : (void**)&real.new_al_nt)
+                      : (arr ? (void**)&real.new_arr_al : (void**)&real.new_al);
+        if (!*r) {
+          /* The process's definition (libstdc++'s), found from the global
+           * scope (RTLD_NEXT would search only the agent's own
+           * dependencies); not a non-PIE program's PLT entry, whose GOT
+           * slot is the one rewritten (dladdr names only definitions). */
+          void* def = dlsym(RTLD_DEFAULT, name);
+          Dl_info di;
+          if (def && dladdr(def, &di) && di.dli_sname && strcmp(di.dli_sname, name) == 0 && di.dli_saddr == def)
+            *r = def;
+        }
+        if (!*r) return NULL;
+      }
+      return g_hooks[i].fn;
+    }
   return NULL;
 }
 
