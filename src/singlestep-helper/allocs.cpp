@@ -1,7 +1,7 @@
 // --track-allocs-from FUNCTION: DHAT-like per-block access counts, attached.
 //
 // The helper is already ptrace-attached, so it uses software breakpoints
-// (int3 written through /proc/PID/mem): at malloc/calloc/realloc/free in the
+// (int3, or brk #0 on aarch64: arch.h, written through /proc/PID/mem): at malloc/calloc/realloc/free in the
 // allocator found in /proc/PID/maps + ELF symbols, and at the return address
 // of calls made from inside FUNCTION's symbol range. A block returned to
 // FUNCTION becomes a tracked region (its pages protected) until it is freed;
@@ -36,8 +36,8 @@ long ptr_(int req, pid_t tid, uint64_t a, uint64_t d) {
 static bool insert_bp(Tracer::AllocState& A, uint64_t addr, const std::function<bool(uint64_t, void*, size_t)>& rd,
                       const std::function<bool(uint64_t, const void*, size_t)>& wr) {
   if (A.saved.count(addr)) return true;
-  uint8_t orig = 0, cc = 0xcc;
-  if (!rd(addr, &orig, 1) || !wr(addr, &cc, 1)) return false;
+  uint32_t orig = 0;
+  if (!rd(addr, &orig, arch::kBreakpointLen) || !wr(addr, arch::kBreakpoint, arch::kBreakpointLen)) return false;
   A.saved[addr] = orig;
   guardian_note("bp " + hex(addr) + " " + std::to_string(orig));
   return true;
@@ -46,7 +46,7 @@ static bool insert_bp(Tracer::AllocState& A, uint64_t addr, const std::function<
 static void remove_bp(Tracer::AllocState& A, uint64_t addr, const std::function<bool(uint64_t, const void*, size_t)>& wr) {
   auto it = A.saved.find(addr);
   if (it == A.saved.end()) return;
-  wr(addr, &it->second, 1);
+  wr(addr, &it->second, arch::kBreakpointLen);
   A.saved.erase(it);
   guardian_note("unbp " + hex(addr));
 }
@@ -68,7 +68,7 @@ Result<void> Tracer::arm_alloc_tracking() {
 
 void Tracer::alloc_breakpoint(pid_t tid, Regs& regs) {
   AllocState& A = *allocs_;
-  uint64_t bp = regs.rip - 1;
+  uint64_t bp = arch::breakpoint_addr(regs);
   Thread& t = threads_[tid];
   if (!A.saved.count(bp)) {
     t.resume_sig = SIGTRAP;  // not ours: the program's own SIGTRAP
@@ -116,16 +116,18 @@ void Tracer::alloc_breakpoint(pid_t tid, Regs& regs) {
     if (!A.entries.count(bp)) remove_bp(A, bp, wr);  // the gate is no longer needed
   }
   if (auto e = A.entries.find(bp); e != A.entries.end()) {
-    uint64_t ret = 0;
-    mem_read(regs.rsp, &ret, 8);
+    uint64_t slot = 0;
+    uint64_t ret = arch::return_address_at_entry(regs, &slot);
+    if (slot) mem_read(slot, &ret, 8);
+    const uint64_t a0 = arch::call_arg(regs, 0), a1 = arch::call_arg(regs, 1);
     if (e->second == AllocState::kFree) {
-      on_free(regs.rdi);
+      on_free(a0);
     } else if (ret >= A.caller_lo && ret < A.caller_hi) {
       AllocState::Pending p{e->second, 0, 0, ret};
-      p.size = e->second == AllocState::kMalloc   ? regs.rdi
-               : e->second == AllocState::kCalloc ? regs.rdi * regs.rsi
-                                                  : regs.rsi;
-      p.old_ptr = e->second == AllocState::kRealloc ? regs.rdi : 0;
+      p.size = e->second == AllocState::kMalloc   ? a0
+               : e->second == AllocState::kCalloc ? a0 * a1
+                                                  : a1;
+      p.old_ptr = e->second == AllocState::kRealloc ? a0 : 0;
       if (!opt_.track_alloc_size || p.size == opt_.track_alloc_size) {
         A.pending[tid] = p;
         if (A.return_refs[ret]++ == 0) insert_bp(A, ret, rd, wr);
@@ -133,7 +135,7 @@ void Tracer::alloc_breakpoint(pid_t tid, Regs& regs) {
     }
   }
   if (auto p = A.pending.find(tid); p != A.pending.end() && p->second.ret_addr == bp) {
-    uint64_t ptr = regs.rax;
+    uint64_t ptr = arch::return_value(regs);
     if (p->second.fn == AllocState::kRealloc && p->second.old_ptr) on_free(p->second.old_ptr);
     if (ptr && p->second.size) {
       Block b;
@@ -157,14 +159,14 @@ void Tracer::alloc_breakpoint(pid_t tid, Regs& regs) {
     A.pending.erase(p);
   }
   // Execute the original instruction under the breakpoint: restore, step, re-insert.
-  regs.rip = bp;
-  ptr_(PTRACE_SETREGS, tid, 0, reinterpret_cast<uint64_t>(&regs));
+  arch::set_pc(regs, bp);
+  arch::set_regs(tid, regs);
   if (auto it = A.saved.find(bp); it != A.saved.end()) {
-    uint8_t orig = it->second, cc = 0xcc;
-    mem_write(bp, &orig, 1);
+    uint32_t orig = it->second;
+    mem_write(bp, &orig, arch::kBreakpointLen);
     ptr_(PTRACE_SINGLESTEP, tid, 0, 0);
     int st = wait_for(tid);
-    mem_write(bp, &cc, 1);
+    mem_write(bp, arch::kBreakpoint, arch::kBreakpointLen);
     if (WIFSTOPPED(st) && WSTOPSIG(st) != SIGTRAP) t.resume_sig = WSTOPSIG(st);
     if (!WIFSTOPPED(st)) handle(tid, st);
   }
@@ -173,13 +175,14 @@ void Tracer::alloc_breakpoint(pid_t tid, Regs& regs) {
 void Tracer::disarm_alloc_tracking(pid_t tid) {
   if (!allocs_) return;
   auto wr = [this](uint64_t a, const void* b, size_t n) { return mem_write(a, b, n); };
-  // Threads stopped right after one of our int3s go back to the original instruction.
+  // Threads stopped right after one of our int3s go back to the original
+  // instruction (a brk leaves pc on it: nothing to move).
   for (auto& [id, t] : threads_) {
     if (t.resume_sig != SIGTRAP) continue;
-    user_regs_struct r;
-    if (ptr_(PTRACE_GETREGS, id, 0, reinterpret_cast<uint64_t>(&r)) == 0 && allocs_->saved.count(r.rip - 1)) {
-      r.rip -= 1;
-      ptr_(PTRACE_SETREGS, id, 0, reinterpret_cast<uint64_t>(&r));
+    Regs r;
+    if (arch::get_regs(id, r) && allocs_->saved.count(arch::breakpoint_addr(r))) {
+      arch::set_pc(r, arch::breakpoint_addr(r));
+      arch::set_regs(id, r);
       t.resume_sig = 0;
     }
   }

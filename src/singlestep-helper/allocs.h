@@ -19,7 +19,7 @@ struct Tracer::AllocState {
   };
   uint64_t caller_lo = 0, caller_hi = 0;  // FUNCTION's range in the tracee
   std::map<uint64_t, Fn> entries;          // breakpoint address -> allocator function
-  std::map<uint64_t, uint8_t> saved;       // breakpoint address -> original byte
+  std::map<uint64_t, uint32_t> saved;      // breakpoint address -> original bytes (arch::kBreakpointLen)
   std::map<uint64_t, int> return_refs;     // return-address breakpoints in use
   std::map<pid_t, Pending> pending;
   uint64_t gate = 0;                       // FUNCTION's entry: install allocator breakpoints there

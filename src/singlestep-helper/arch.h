@@ -65,6 +65,19 @@ bool store_exclusive_data(const uint8_t* code, size_t n, const Regs& r, uint8_t 
 // Its status register set (0 stored, 1 not) and the pc past it.
 void complete_store_exclusive(Regs& r, const uint8_t* code, bool stored);
 
+// Software breakpoints (--track-allocs-from): the instruction (int3; brk #0),
+// and the breakpoint's address from the registers at its SIGTRAP (x86-64:
+// rip is past the int3; aarch64: pc is at the brk).
+extern const uint8_t kBreakpoint[4];
+extern const size_t kBreakpointLen;
+uint64_t breakpoint_addr(const Regs& r);
+// At a function's entry: integer argument i, and its return address: in
+// memory at *slot (x86-64: [rsp]), or, with *slot 0, the value returned
+// (aarch64: x30). After it returned: its result.
+uint64_t call_arg(const Regs& r, int i);
+uint64_t return_address_at_entry(const Regs& r, uint64_t* slot);
+uint64_t return_value(const Regs& r);
+
 // Arguments a system call takes (the rest of the registers hold leftovers),
 // 6 if not known.
 int syscall_nargs(uint64_t nr);

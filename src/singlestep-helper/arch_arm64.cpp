@@ -87,6 +87,16 @@ void restart_interrupted(Regs& res, const Regs& entry) {
   res.x[0] = entry.x[0];  // the kernel's orig_x0
 }
 
+const uint8_t kBreakpoint[4] = {0x00, 0x00, 0x20, 0xd4};  // brk #0
+const size_t kBreakpointLen = 4;
+uint64_t breakpoint_addr(const Regs& r) { return r.pc; }
+uint64_t call_arg(const Regs& r, int i) { return r.x[i]; }
+uint64_t return_address_at_entry(const Regs& r, uint64_t* slot) {
+  *slot = 0;
+  return r.x[30];
+}
+uint64_t return_value(const Regs& r) { return r.x[0]; }
+
 // size 001000 o2=0 L=0 o1 Rs o0 Rt2 Rn Rt: o1 = pair, Rs the status register.
 bool store_exclusive_data(const uint8_t* code, size_t n, const Regs& r, uint8_t data[16], uint32_t* size) {
   if (n < 4) return false;

@@ -60,6 +60,19 @@ void restart_interrupted(Regs& res, const Regs&) {
 bool store_exclusive_data(const uint8_t*, size_t, const Regs&, uint8_t*, uint32_t*) { return false; }
 void complete_store_exclusive(Regs&, const uint8_t*, bool) {}
 
+const uint8_t kBreakpoint[4] = {0xcc};
+const size_t kBreakpointLen = 1;
+uint64_t breakpoint_addr(const Regs& r) { return r.rip - 1; }
+uint64_t call_arg(const Regs& r, int i) {
+  unsigned long long Regs::*const kArgs[] = {&Regs::rdi, &Regs::rsi, &Regs::rdx, &Regs::rcx, &Regs::r8, &Regs::r9};
+  return r.*kArgs[i];
+}
+uint64_t return_address_at_entry(const Regs& r, uint64_t* slot) {
+  *slot = r.rsp;
+  return 0;
+}
+uint64_t return_value(const Regs& r) { return r.rax; }
+
 int syscall_nargs(uint64_t nr) {
   int nargs = 6;
   switch (nr) {

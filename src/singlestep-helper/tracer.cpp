@@ -129,7 +129,7 @@ void Tracer::dismiss_guardian() {
 int Tracer::run_guardian(pid_t pid, int fd) {
   const pid_t helper = getppid();
   std::map<uint64_t, int> pages;
-  std::map<uint64_t, uint8_t> bps;
+  std::map<uint64_t, uint32_t> bps;
   uint64_t syscall_insn = 0, scratch = 0;
   std::string buf, line;
   char tmp[4096];
@@ -152,7 +152,7 @@ int Tracer::run_guardian(pid_t pid, int fd) {
       else if (k == "scratch") scratch = a;
       else if (k == "page") pages[a] = static_cast<int>(b);
       else if (k == "unpage") pages.erase(a);
-      else if (k == "bp") bps[a] = static_cast<uint8_t>(b);
+      else if (k == "bp") bps[a] = static_cast<uint32_t>(b);
       else if (k == "unbp") bps.erase(a);
     }
   }
@@ -175,7 +175,7 @@ int Tracer::run_guardian(pid_t pid, int fd) {
   std::string mp = "/proc/" + std::to_string(pid) + "/mem";
   t.mem_ = Fd(open(mp.c_str(), O_RDWR | O_CLOEXEC));
   t.syscall_insn_ = syscall_insn;
-  for (auto [a, b] : bps) t.mem_write(a, &b, 1);
+  for (auto [a, b] : bps) t.mem_write(a, &b, arch::kBreakpointLen);
   for (auto [a, prot] : pages) t.pages_[a] = Page{prot, PROT_NONE};
   pid_t tid = t.any_stopped();
   if (tid) {

@@ -230,6 +230,7 @@ UNWIND_LIB = UNWIND_DIR + "/libunwind_nofp.so"
 # linked with the arm64 build's libmemtrace_track.a.
 SS_TARGET = "arm64-test/targets/access_script_arm64"
 SS_API_TARGET = "arm64-test/targets/ss_track_api_target"
+SS_ALLOC_TARGET = "arm64-test/targets/ss_alloc_target"
 UNW_MARK = 123457  # unwind_target.c: the one allocation of each mode
 # The leak's stack in each mode, innermost first (the functions unwind_target
 # calls from main; every frame has work after its call: no tail calls). "...":
@@ -251,6 +252,7 @@ FAULT=@FAULT@
 UNW=@UNW@
 SS=@SS@
 SSAPI=@SSAPI@
+SSALLOC=@SSALLOC@
 launch() {  # NAME ROUNDS PROGRAM: the JSON report, @@STDOUT, the program's output
   echo "@@BEGIN $1$2"
   $TOOL --format json -o /tmp/r.json -- $3 --rounds $2 > /tmp/r.out 2>/tmp/r.err
@@ -360,6 +362,17 @@ track track.Exclusive "--mode step" --exclusive
 echo "@@BEGIN track.CApi"
 $SSAPI 2>&1
 echo "@@END track.CApi $?"
+# --track-allocs-from: the blocks make_blocks gets, counted per block (brk
+# breakpoints at the allocator and at the return addresses).
+echo "@@BEGIN track.Allocs"
+$TOOL track --track-allocs-from make_blocks --format json -o /tmp/b.json -- $SSALLOC > /tmp/s.out 2>/tmp/s.err
+rc=$?
+cat /tmp/b.json
+echo "@@STDOUT"
+cat /tmp/s.out
+echo "@@STDERR"
+cat /tmp/s.err
+echo "@@END track.Allocs $rc"
 # One aligned word: the hardware watchpoint path (perf breakpoints), which
 # --mode auto picks for it.
 echo "@@BEGIN track.Hw"
@@ -540,7 +553,9 @@ def make_test_initramfs(build, work, cache):
             os.path.join(ROOT, "tests", "singlestep", "track_api_target.c")])
     kt.run(["aarch64-linux-gnu-g++", "-static-libstdc++", "-static-libgcc", "-o", api, api + ".o", track_lib,
             "-lpthread"])
-    for p in (ss, api):
+    alloc = os.path.join(build, SS_ALLOC_TARGET)
+    kt.run(["aarch64-linux-gnu-gcc", "-O1", "-g", "-o", alloc, os.path.join(ROOT, "tests", "singlestep", "alloc_target.c")])
+    for p in (ss, api, alloc):
         kt.copy_to(stage, p)
         dynamic.append(p)
     libs, interps = arm64_libs(dynamic, own=[UNWIND_LIB])
@@ -559,7 +574,8 @@ def make_test_initramfs(build, work, cache):
                         .replace("@FAULT@", os.path.join(build, FAULT_TARGET))
                         .replace("@UNW@", os.path.join(build, UNWIND_TARGET))
                         .replace("@SS@", os.path.join(build, SS_TARGET))
-                        .replace("@SSAPI@", os.path.join(build, SS_API_TARGET))) + INIT_TAIL
+                        .replace("@SSAPI@", os.path.join(build, SS_API_TARGET))
+                        .replace("@SSALLOC@", os.path.join(build, SS_ALLOC_TARGET))) + INIT_TAIL
     with open(os.path.join(stage, "init"), "w") as f:
         f.write(init)
     os.chmod(os.path.join(stage, "init"), 0o755)
@@ -669,6 +685,30 @@ def hw_result(sec):
         return False, why + err.strip()[-500:]
     fns = sorted({a["function"] for a in j["accesses"]})
     return True, f"{len(got)} accesses (mode {j['mode']}), exact, in {', '.join(fns)}"
+
+
+def allocs_result(sec):
+    """--track-allocs-from make_blocks on alloc_target.c: its three blocks
+    with the reads and writes the target says it made, each freed
+    (singlestep_test.cpp's SinglestepAllocs.PerBlockCountsFromCallSite)."""
+    rc, body = sec.get("track.Allocs", (None, ""))
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    try:
+        j = json.loads(js)
+    except ValueError:
+        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
+    got = "".join(f"B{i} {b['size']} reads {b['reads']} writes {b['writes']}\n" for i, b in enumerate(j.get("blocks", [])))
+    why = ""
+    if rc != 0:
+        why += f"exit {rc}; "
+    if got + "done\n" != out:
+        why += f"blocks {got!r}, the target says {out!r}; "
+    if not all(b.get("free_time_ns", 0) > 0 for b in j.get("blocks", [])):
+        why += "a block not seen freed; "
+    if why:
+        return False, why + err.strip()[-500:]
+    return True, got.strip().replace("\n", "; ") + ", each freed"
 
 
 def per_round(out):
@@ -1090,6 +1130,7 @@ def cmd_test(a):
     rows.append(("track.FourThreadsExact", *track_result(sec, "track.FourThreads", ["ldadd total 100"])))
     rows.append(("track.ExclusiveLoadStoreExact", *track_result(sec, "track.Exclusive", ["exclusive add: stored"])))
     rows.append(("track.CApiTracksOwnRegionExactly", *capi_result(sec)))
+    rows.append(("track.AllocsPerBlockCountsFromCallSite", *allocs_result(sec)))
     rows.append(("track.HardwareWatchpointPath", *hw_result(sec)))
     rows.append(("track.AttachExact", *track_result(sec, "track.Attach", ["read(2) into region ok"], attach=True)))
     rows.append(("bpf.AttachCountsOnlyAfterAttach", *bpf_attach_result(sec)))

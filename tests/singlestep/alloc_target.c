@@ -13,8 +13,13 @@ __attribute__((noinline)) void make_blocks(void) {
   blocks[2] = malloc(100);
 }
 
+#if defined(__aarch64__)  // tests/kernels/arm64_test.py cross-compiles it
+static inline void st64(void* p, uint64_t v) { __asm__ volatile("str %1, [%0]" ::"r"(p), "r"(v) : "memory"); }
+static inline uint64_t ld64(void* p) { uint64_t v; __asm__ volatile("ldr %0, [%1]" : "=r"(v) : "r"(p) : "memory"); return v; }
+#else
 static inline void st64(void* p, uint64_t v) { __asm__ volatile("movq %1, (%0)" ::"r"(p), "r"(v) : "memory"); }
 static inline uint64_t ld64(void* p) { uint64_t v; __asm__ volatile("movq (%1), %0" : "=r"(v) : "r"(p) : "memory"); return v; }
+#endif
 
 int main(void) {
   void* mine = malloc(64);  // not from make_blocks: not tracked
