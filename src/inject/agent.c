@@ -49,12 +49,22 @@
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-static struct mt_inj_hdr* g_ring;
-static char* g_data;
-static uint64_t g_mask;
+/* One session's ring, as this process maps it. A later --inject into the
+ * same process (memtrace_agent_attach) makes a new one; the old one stays
+ * mapped (a hook that read it may still write there; its data pages are
+ * given back), so a hook uses the view it started with throughout. */
+struct view {
+  struct mt_inj_hdr* hdr;
+  char* data;
+  uint64_t mask;
+  uint64_t* seen;  /* stacks already sent (first_sight) */
+  int stack_mode;
+  int tsc;         /* records carry the TSC */
+  volatile int off; /* this session's writing is over: fork child, stale loader */
+};
+static struct view* g_view; /* the current session's (atomic loads and stores) */
+static TLS struct view* t_v; /* the view of the hook running on this thread */
 static uint32_t g_pid;
-static int g_stack_mode;
-static volatile int g_off; /* this process stops writing: fork child, stale loader */
 
 static TLS int t_in_hook;
 static TLS uint32_t t_tid;
@@ -105,18 +115,17 @@ static uint64_t now_ns(void) {
 /* A record's time: the TSC where the loader said the kernel keeps time by
  * it (~10 ns against ~24 for clock_gettime's vDSO here; the loader converts),
  * else CLOCK_MONOTONIC. */
-static int g_tsc __attribute__((unused)); /* x86-64 only */
 static inline uint64_t now_ts(void) {
 #if defined(__x86_64__)
-  if (LIKELY(g_tsc)) return __builtin_ia32_rdtsc();
+  if (LIKELY(t_v->tsc)) return __builtin_ia32_rdtsc();
 #endif
   return now_ns();
 }
 
-static int loader_alive(void) {
-  uint64_t hb = __atomic_load_n(&g_ring->heartbeat_ns, __ATOMIC_RELAXED);
+static int loader_alive(struct view* v) {
+  uint64_t hb = __atomic_load_n(&v->hdr->heartbeat_ns, __ATOMIC_RELAXED);
   if (now_ns() - hb > MT_INJ_STALE_NS) {
-    g_off = 1;
+    v->off = 1;
     return 0;
   }
   return 1;
@@ -125,39 +134,39 @@ static int loader_alive(void) {
 /* Space for len bytes (a multiple of 8) after the record word; NULL when
  * full. *pos: the record's position, for commit. */
 static void* reserve(uint32_t len, uint64_t* pos) {
-  uint64_t need = MT_INJ_REC_HDR + len, size = g_mask + 1;
-  uint64_t h = __atomic_load_n(&g_ring->head, __ATOMIC_RELAXED);
+  uint64_t need = MT_INJ_REC_HDR + len, size = t_v->mask + 1;
+  uint64_t h = __atomic_load_n(&t_v->hdr->head, __ATOMIC_RELAXED);
   for (;;) {
-    uint64_t t = __atomic_load_n(&g_ring->tail, __ATOMIC_ACQUIRE);
-    uint64_t off = h & g_mask;
+    uint64_t t = __atomic_load_n(&t_v->hdr->tail, __ATOMIC_ACQUIRE);
+    uint64_t off = h & t_v->mask;
     uint64_t pad = off + need > size ? size - off : 0;
     if (h + pad + need - t > size) {
       /* Full: wait for the loader's drain while it lives and wants records
        * (exact counts: a drop is the last resort), never longer than a
        * stale heartbeat. A raw nanosleep: not a cancellation point inside
        * the program's malloc. */
-      if (g_off || __atomic_load_n(&g_ring->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED || !loader_alive()) {
-        __atomic_fetch_add(&g_ring->drops, 1, __ATOMIC_RELAXED);
+      if (t_v->off || __atomic_load_n(&t_v->hdr->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED || !loader_alive(t_v)) {
+        __atomic_fetch_add(&t_v->hdr->drops, 1, __ATOMIC_RELAXED);
         return NULL;
       }
       struct timespec nap = {0, 50000};
       syscall(SYS_nanosleep, &nap, NULL);
-      __atomic_fetch_add(&g_ring->full_waits, 1, __ATOMIC_RELAXED);
-      h = __atomic_load_n(&g_ring->head, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&t_v->hdr->full_waits, 1, __ATOMIC_RELAXED);
+      h = __atomic_load_n(&t_v->hdr->head, __ATOMIC_RELAXED);
       continue;
     }
-    if (__atomic_compare_exchange_n(&g_ring->head, &h, h + pad + need, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    if (__atomic_compare_exchange_n(&t_v->hdr->head, &h, h + pad + need, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
       if (pad)
-        __atomic_store_n((uint64_t*)(g_data + off), pad << 48 | MT_INJ_PAD | (h & MT_INJ_POS_MASK),
+        __atomic_store_n((uint64_t*)(t_v->data + off), pad << 48 | MT_INJ_PAD | (h & MT_INJ_POS_MASK),
                          __ATOMIC_RELEASE);
       *pos = h + pad;
-      return g_data + ((h + pad) & g_mask) + MT_INJ_REC_HDR;
+      return t_v->data + ((h + pad) & t_v->mask) + MT_INJ_REC_HDR;
     }
   }
 }
 
 static void commit(uint64_t pos, uint32_t len) {
-  __atomic_store_n((uint64_t*)(g_data + (pos & g_mask)), (uint64_t)(MT_INJ_REC_HDR + len) << 48 | (pos & MT_INJ_POS_MASK),
+  __atomic_store_n((uint64_t*)(t_v->data + (pos & t_v->mask)), (uint64_t)(MT_INJ_REC_HDR + len) << 48 | (pos & MT_INJ_POS_MASK),
                    __ATOMIC_RELEASE);
 }
 
@@ -219,22 +228,21 @@ static uint64_t hash_stack(const uint64_t* ips, int n) {
 
 /* Stacks already sent: open addressing, lock-free insert. */
 #define SEEN_BITS 20
-static uint64_t* g_seen;
 
 /* 1: id is new (send its stack), 0: sent before. */
 static int first_sight(uint64_t id) {
-  if (!g_seen) return 1;
+  if (!t_v->seen) return 1;
   uint64_t mask = (1ull << SEEN_BITS) - 1, i = (id * 0x9e3779b97f4a7c15ull) >> (64 - SEEN_BITS);
   for (int probe = 0; probe < 64; probe++, i = (i + 1) & mask) {
-    uint64_t v = __atomic_load_n(&g_seen[i], __ATOMIC_RELAXED);
+    uint64_t v = __atomic_load_n(&t_v->seen[i], __ATOMIC_RELAXED);
     if (v == id) return 0;
     if (v == 0) {
       uint64_t expect = 0;
-      if (__atomic_compare_exchange_n(&g_seen[i], &expect, id, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return 1;
+      if (__atomic_compare_exchange_n(&t_v->seen[i], &expect, id, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return 1;
       if (expect == id) return 0;
     }
   }
-  __atomic_fetch_add(&g_ring->stack_table_full, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&t_v->hdr->stack_table_full, 1, __ATOMIC_RELAXED);
   return 1;
 }
 
@@ -242,7 +250,7 @@ static int first_sight(uint64_t id) {
 static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uintptr_t bp, uint32_t* flags) {
   uint64_t ips[MT_MAX_FRAMES];
   int n = 0;
-  if (g_stack_mode == MT_INJ_STACK_LIBUNWIND && g_unw_backtrace) {
+  if (t_v->stack_mode == MT_INJ_STACK_LIBUNWIND && g_unw_backtrace) {
     void* buf[MT_MAX_FRAMES + 2];
     int got = g_unw_backtrace(buf, MT_MAX_FRAMES + 2);
     /* buf[0]: inside the hook; then its caller. Start at the hook's return address. */
@@ -251,7 +259,7 @@ static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uint
     if (at == got || at == 3) at = got > 1 ? 1 : got;
     for (int i = at; i < got && n < MT_MAX_FRAMES; i++) ips[n++] = (uint64_t)(uintptr_t)buf[i];
     if (got == MT_MAX_FRAMES + 2) *flags |= MT_F_STACK_TRUNCATED;
-  } else if (g_stack_mode != MT_INJ_STACK_NONE) {
+  } else if (t_v->stack_mode != MT_INJ_STACK_NONE) {
     n = fp_stack(ips, MT_MAX_FRAMES, ret, bp);
     if (n == MT_MAX_FRAMES) *flags |= MT_F_STACK_TRUNCATED;
   }
@@ -306,10 +314,11 @@ static void emit(uint32_t kind, uint32_t flags, uint64_t addr, uint64_t size, ui
  * thread is not inside a hook already. Sets the flag. */
 static inline int enter(void) {
   if (UNLIKELY(t_in_hook)) return 0;
-  struct mt_inj_hdr* r = g_ring;
-  if (UNLIKELY(!r || g_off)) return 0;
-  if (UNLIKELY(__atomic_load_n(&r->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED)) return 0;
-  if (UNLIKELY(++t_count % MT_INJ_HEARTBEAT_EVERY == 0) && !loader_alive()) return 0;
+  struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
+  if (UNLIKELY(!v || v->off)) return 0;
+  if (UNLIKELY(__atomic_load_n(&v->hdr->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED)) return 0;
+  if (UNLIKELY(++t_count % MT_INJ_HEARTBEAT_EVERY == 0) && !loader_alive(v)) return 0;
+  t_v = v;
   t_in_hook = 1;
   return 1;
 }
@@ -478,7 +487,8 @@ static void rewrite_all(void);
 /* Objects a dlopen brings get their slots rewritten too. */
 static void* hook_dlopen(const char* file, int mode) {
   void* h = real.dlopen(file, mode);
-  if (h && g_ring && !g_off) rewrite_all();
+  struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
+  if (h && v && !v->off) rewrite_all();
   return h;
 }
 
@@ -635,9 +645,10 @@ static void rewrite_all(void) {
   dl_iterate_phdr(rewrite_object, &st);
   pthread_mutex_unlock(&g_rewrite_lock);
   t_in_hook = was;
-  if (g_ring) {
-    __atomic_store_n(&g_ring->slots_hooked, st.slots, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_ring->objects_hooked, st.objects, __ATOMIC_RELAXED);
+  struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
+  if (v) {
+    __atomic_store_n(&v->hdr->slots_hooked, st.slots, __ATOMIC_RELAXED);
+    __atomic_store_n(&v->hdr->objects_hooked, st.objects, __ATOMIC_RELAXED);
   }
 }
 
@@ -678,51 +689,84 @@ static const char* resolve_real(void) {
   return NULL;
 }
 
-static void after_fork_child(void) { g_off = 1; }
-
-static void agent_failed(const char* why) {
-  snprintf(g_ring->agent_error, sizeof g_ring->agent_error, "%s", why);
-  __atomic_store_n(&g_ring->agent_state, MT_INJ_AGENT_FAILED, __ATOMIC_RELEASE);
+static void after_fork_child(void) {
+  struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
+  if (v) v->off = 1;
 }
 
-__attribute__((constructor)) static void agent_init(void) {
+static void agent_failed(struct mt_inj_hdr* r, const char* why) {
+  snprintf(r->agent_error, sizeof r->agent_error, "%s", why);
+  __atomic_store_n(&r->agent_state, MT_INJ_AGENT_FAILED, __ATOMIC_RELEASE);
+}
+
+static pthread_mutex_t g_attach_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_real_ok, g_atfork_ok;
+
+/* Maps this process's ring (the loader made it: MT_INJ_PATH_FMT) and hooks
+ * the process: 0. 1: no ring for us (loaded by something else), 2: the
+ * ring says why not (agent_error). The constructor's work, and a later
+ * --inject's (memtrace_agent_attach): the GOT slots stay rewritten between
+ * sessions (the hooks call straight through while none records). */
+static int attach_ring(void) {
   char path[64];
   snprintf(path, sizeof path, MT_INJ_PATH_FMT, (int)getpid());
   int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return; /* not for us: loaded by something else */
+  if (fd < 0) return 1; /* not for us: loaded by something else */
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size < MT_INJ_HDR_BYTES) {
     close(fd);
-    return;
+    return 1;
   }
   /* MAP_POPULATE: the ring's pages (allocated by the loader) mapped now,
    * while the loader holds the process stopped, not one fault at a time
    * in the first lap of the hooks' writes. */
   void* m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
-  if (m == MAP_FAILED) return;
+  if (m == MAP_FAILED) return 1;
   struct mt_inj_hdr* r = (struct mt_inj_hdr*)m;
   if (r->magic != MT_INJ_MAGIC || r->version != MT_INJ_VERSION || r->pid != (uint32_t)getpid() ||
       r->hdr_bytes != MT_INJ_HDR_BYTES || (r->data_bytes & (r->data_bytes - 1)) != 0 ||
       r->hdr_bytes + r->data_bytes > (uint64_t)st.st_size) {
     munmap(m, (size_t)st.st_size);
-    return;
+    return 1;
   }
-  g_ring = r;
-  const char* bad = resolve_real();
+  pthread_mutex_lock(&g_attach_lock);
+  int out = 2;
+  struct view* old = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
+  const char* bad = NULL;
+  struct view* v = NULL;
+  if (old && !old->off && __atomic_load_n(&old->hdr->state, __ATOMIC_RELAXED) == MT_INJ_ATTACHED && loader_alive(old)) {
+    static char why[96];
+    snprintf(why, sizeof why, "another memtrace-bpf (pid %u) records this process", old->hdr->loader_pid);
+    bad = why;
+  } else if (!g_real_ok && (bad = resolve_real()) == NULL) {
+    g_real_ok = 1;
+  }
+  if (!bad) {
+    void* vm = mmap(NULL, sizeof *v, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (vm == MAP_FAILED) bad = "no memory for the agent's state";
+    else v = (struct view*)vm;
+  }
+  if (!bad && !g_atfork_ok) {
+    if (pthread_atfork(NULL, NULL, after_fork_child) != 0) bad = "pthread_atfork failed";
+    else g_atfork_ok = 1;
+  }
   if (bad) {
-    agent_failed(bad);
-    g_ring = NULL;
-    return;
+    agent_failed(r, bad); /* the loader reads it from its own mapping */
+    if (v) munmap(v, sizeof *v);
+    munmap(m, (size_t)st.st_size);
+    pthread_mutex_unlock(&g_attach_lock);
+    return out;
   }
-  g_data = (char*)m + r->hdr_bytes;
-  g_mask = r->data_bytes - 1;
-  g_pid = (uint32_t)getpid();
-  g_stack_mode = (int)r->stack_mode;
+  v->hdr = r;
+  v->data = (char*)m + r->hdr_bytes;
+  v->mask = r->data_bytes - 1;
+  v->stack_mode = (int)r->stack_mode;
 #if defined(__x86_64__)
-  g_tsc = r->ts_mode == MT_INJ_TS_TSC;
+  v->tsc = r->ts_mode == MT_INJ_TS_TSC;
 #endif
-  if (g_stack_mode == MT_INJ_STACK_LIBUNWIND) {
+  g_pid = (uint32_t)getpid();
+  if (v->stack_mode == MT_INJ_STACK_LIBUNWIND && !g_unw_backtrace) {
     void* u = real.dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
     if (u) {
       g_unw_backtrace = (unw_backtrace_fn)dlsym(u, "unw_backtrace");
@@ -732,21 +776,34 @@ __attribute__((constructor)) static void agent_init(void) {
       void** as = (void**)dlsym(u, "_ULx86_64_local_addr_space");
       if (set_policy && as) set_policy(*as, 2 /* UNW_CACHE_PER_THREAD */);
     }
-    if (!g_unw_backtrace) g_stack_mode = MT_INJ_STACK_FP;
   }
-  r->stack_used = (uint32_t)g_stack_mode;
+  if (v->stack_mode == MT_INJ_STACK_LIBUNWIND && !g_unw_backtrace) v->stack_mode = MT_INJ_STACK_FP;
+  r->stack_used = (uint32_t)v->stack_mode;
   void* seen = mmap(NULL, sizeof(uint64_t) << SEEN_BITS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  g_seen = seen == MAP_FAILED ? NULL : (uint64_t*)seen;
-  if (pthread_atfork(NULL, NULL, after_fork_child) != 0) {
-    agent_failed("pthread_atfork failed");
-    g_ring = NULL;
-    return;
-  }
+  v->seen = seen == MAP_FAILED ? NULL : (uint64_t*)seen;
+  __atomic_store_n(&g_view, v, __ATOMIC_RELEASE);
   rewrite_all();
   __atomic_store_n(&r->agent_state, MT_INJ_AGENT_HOOKED, __ATOMIC_RELEASE);
+  if (old) {
+    /* Its memory given back; a hook still writing there gets fresh pages. */
+    madvise(old->data, old->mask + 1, MADV_REMOVE);
+    if (old->seen) madvise(old->seen, sizeof(uint64_t) << SEEN_BITS, MADV_DONTNEED);
+  }
+  out = 0;
+  pthread_mutex_unlock(&g_attach_lock);
+  return out;
 }
+
+__attribute__((constructor)) static void agent_init(void) { (void)attach_ring(); }
+
+/* A later --inject into a process that has the agent: the injector calls
+ * this instead of dlopen (which would not run the constructor again).
+ * 0: hooked; 1: no ring for this process; 2: refused (the ring's
+ * agent_error says why). */
+EXPORT int memtrace_agent_attach(void) { return attach_ring(); }
 
 /* For tests: whether this process's hooks record (1) or call straight through (0). */
 EXPORT int memtrace_agent_recording(void) {
-  return g_ring && !g_off && __atomic_load_n(&g_ring->state, __ATOMIC_RELAXED) == MT_INJ_ATTACHED && loader_alive();
+  struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
+  return v && !v->off && __atomic_load_n(&v->hdr->state, __ATOMIC_RELAXED) == MT_INJ_ATTACHED && loader_alive(v);
 }

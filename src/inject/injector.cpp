@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <map>
 #include <set>
@@ -383,29 +384,51 @@ constexpr int kBusyTries = 100;  // runs of 0.2 ms, 0.25, ... 5.15 ms between th
 
 }  // namespace
 
-Result<uint64_t> libc_function(pid_t pid, const std::string& name) {
+namespace {
+
+// Address in pid of function `name` of the file mapped as `path` (or of the
+// first mapping whose file name matches is_it): the file's symbol placed in
+// the mapping that holds its file offset.
+Result<uint64_t> function_in(pid_t pid, const std::function<bool(const procfs::Mapping&)>& is_it,
+                             const std::string& what, const std::string& name) {
   auto maps = procfs::read_maps(pid);
   if (!maps) return maps.error();
-  const procfs::Mapping* libc = nullptr;
-  for (const auto& m : *maps) {
-    std::string b = base_name(m.path);
-    if (m.file() && (b.rfind("libc.so", 0) == 0 || b.rfind("libc-2", 0) == 0)) {
-      libc = &m;
+  const procfs::Mapping* obj = nullptr;
+  for (const auto& m : *maps)
+    if (m.file() && is_it(m)) {
+      obj = &m;
       break;
     }
-  }
-  if (!libc)
-    return Error::msg("pid " + std::to_string(pid) + " maps no libc (a static program?): nothing to call dlopen in");
-  std::string file = "/proc/" + std::to_string(pid) + "/root" + libc->path;
+  if (!obj) return Error::msg("pid " + std::to_string(pid) + " maps no " + what);
+  std::string file = "/proc/" + std::to_string(pid) + "/root" + obj->path;
   auto elf = elf::ElfFile::open(file);
   if (!elf) return elf.error();
   auto sym = elf->find_function(name);
-  if (!sym) return Error::msg(libc->path + " defines no " + name + " (glibc before 2.34 has it in libdl)");
+  if (!sym) return Error::msg(obj->path + " defines no " + name);
   for (const auto& m : *maps)
-    if (m.dev == libc->dev && m.inode == libc->inode && sym->file_offset >= m.offset &&
+    if (m.dev == obj->dev && m.inode == obj->inode && sym->file_offset >= m.offset &&
         sym->file_offset < m.offset + (m.end - m.start))
       return m.start + (sym->file_offset - m.offset);
-  return Error::msg(name + " of " + libc->path + " lies in no mapping of pid " + std::to_string(pid));
+  return Error::msg(name + " of " + obj->path + " lies in no mapping of pid " + std::to_string(pid));
+}
+
+Result<uint64_t> mapped_function(pid_t pid, const std::string& path, const std::string& name) {
+  return function_in(pid, [&](const procfs::Mapping& m) { return m.path == path; }, path, name);
+}
+
+}  // namespace
+
+Result<uint64_t> libc_function(pid_t pid, const std::string& name) {
+  auto r = function_in(
+      pid,
+      [](const procfs::Mapping& m) {
+        std::string b = base_name(m.path);
+        return b.rfind("libc.so", 0) == 0 || b.rfind("libc-2", 0) == 0;
+      },
+      "libc (a static program?): nothing to call dlopen in", name);
+  if (!r && r.error().message.find(" defines no ") != std::string::npos)
+    return Error::msg(r.error().message + " (glibc before 2.34 has it in libdl)");
+  return r;
 }
 
 Result<void> can_inject(pid_t pid) {
@@ -507,12 +530,14 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms, const std::function<void()
 #endif
 }
 
-Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms,
-                              StoppedProcess* held) {
-  std::string where = "dlopen(" + path + ") in pid " + std::to_string(pid);
-  auto dl = libc_function(pid, "dlopen");
-  if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
-  auto dlerr = libc_function(pid, "dlerror");
+namespace {
+
+// fn(str, or arg0 if none, arg1) called on pid's main thread, or on held's
+// (stopped by hold_at_entry); post(process, /proc/PID/mem, rax) makes the
+// result. where: what the errors say it was.
+Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, const std::string* str, uint64_t arg1,
+                              LoadStats* stats, int timeout_ms, StoppedProcess* held,
+                              const std::function<Result<uint64_t>(StoppedProcess&, int, uint64_t)>& post) {
   auto t0 = std::chrono::steady_clock::now();
   Result<uint64_t> out = uint64_t{0};
   {
@@ -549,27 +574,57 @@ Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* sta
     StoppedProcess& sp = held ? *held : *own;
     if (stats) stats->threads = sp.count();
     auto t1 = std::chrono::steady_clock::now();
-    auto h = remote_call(sp, pid, mem.get(), *dl, &path, 0, RTLD_NOW, timeout_ms);
+    auto h = remote_call(sp, pid, mem.get(), fn, str, 0, arg1, timeout_ms);
     if (stats) stats->call_us = micros_since(t1);
-    if (!h) {
-      out = Error{where + ": " + h.error().message, h.error().err};
-    } else if (*h == 0) {
-      std::string why = "dlopen returned NULL";
-      if (dlerr) {
-        auto msg = remote_call(sp, pid, mem.get(), *dlerr, nullptr, 0, 0, timeout_ms);
-        if (msg && *msg) {
-          char buf[512] = {0};
-          if (pread(mem.get(), buf, sizeof buf - 1, static_cast<off_t>(*msg)) > 0) why = buf;
-        }
-      }
-      out = Error::msg(where + ": " + why);
-    } else {
-      out = *h;
-    }
+    if (!h) out = Error{where + ": " + h.error().message, h.error().err};
+    else out = post(sp, mem.get(), *h);
     sp.resend_extra();
   }
   if (stats) stats->stopped_us = micros_since(t0);
   return out;
+}
+
+}  // namespace
+
+Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms,
+                              StoppedProcess* held) {
+  std::string where = "dlopen(" + path + ") in pid " + std::to_string(pid);
+  auto dl = libc_function(pid, "dlopen");
+  if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
+  auto dlerr = libc_function(pid, "dlerror");
+  return call_on_main(pid, where, *dl, &path, RTLD_NOW, stats, timeout_ms, held,
+                      [&](StoppedProcess& sp, int mem, uint64_t h) -> Result<uint64_t> {
+                        if (h) return h;
+                        std::string why = "dlopen returned NULL";
+                        if (dlerr) {
+                          auto msg = remote_call(sp, pid, mem, *dlerr, nullptr, 0, 0, timeout_ms);
+                          if (msg && *msg) {
+                            char buf[512] = {0};
+                            if (pread(mem, buf, sizeof buf - 1, static_cast<off_t>(*msg)) > 0) why = buf;
+                          }
+                        }
+                        return Error::msg(where + ": " + why);
+                      });
+}
+
+std::optional<std::string> agent_mapped(pid_t pid) {
+  auto maps = procfs::read_maps(pid);
+  if (!maps) return std::nullopt;
+  for (const auto& m : *maps)
+    if (m.file() && base_name(m.path).rfind("libmemtrace_agent", 0) == 0) return m.path;
+  return std::nullopt;
+}
+
+Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* stats, int timeout_ms,
+                              StoppedProcess* held) {
+  std::string where = "memtrace_agent_attach of " + mapped + " in pid " + std::to_string(pid);
+  auto fn = mapped_function(pid, mapped, "memtrace_agent_attach");
+  if (!fn)
+    return Error::msg("pid " + std::to_string(pid) + " has " + mapped +
+                      " loaded by an earlier --inject, without memtrace_agent_attach (an older build): " +
+                      fn.error().message);
+  return call_on_main(pid, where, *fn, nullptr, 0, stats, timeout_ms, held,
+                      [](StoppedProcess&, int, uint64_t r) -> Result<uint64_t> { return r & 0xffffffff; });
 }
 
 }  // namespace memtrace::inject

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/result.h"
@@ -32,6 +33,7 @@ struct LoadStats {
   uint64_t stopped_us = 0;  // how long the process was stopped
   uint64_t call_us = 0;     // the dlopen call itself (the agent's constructor in it)
   uint64_t busy_retries = 0;  // stops of the main thread found inside the loader or the allocator
+  bool reattached = false;    // the agent was there already: memtrace_agent_attach, not dlopen
 };
 
 // Why pid cannot take the agent, checked before any ptrace (nothing of
@@ -58,6 +60,17 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms = 10000, const std::functio
 // held: the process is already stopped by hold_at_entry (else every
 // thread is seized here and let go at the end).
 Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats = nullptr,
+                              int timeout_ms = 10000, StoppedProcess* held = nullptr);
+
+// The path of libmemtrace_agent.so as pid maps it (an earlier --inject
+// loaded it), or none.
+std::optional<std::string> agent_mapped(pid_t pid);
+
+// A later --inject into a process that has the agent (agent_mapped): its
+// exported memtrace_agent_attach is called on the main thread, as dlopen
+// would be (the constructor does not run again); what it returned (0:
+// hooked, 1: no ring for the process, 2: refused, the ring says why).
+Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* stats = nullptr,
                               int timeout_ms = 10000, StoppedProcess* held = nullptr);
 
 // Address of a function of the target's libc (dlopen, dlerror) in pid:

@@ -234,16 +234,21 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   std::unique_ptr<Session> s(new Session());
   s->pid_ = pid;
   s->ring_ = std::move(*ring);
-  auto h = load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held);
+  // An earlier --inject left the agent in the process (its hooks calling
+  // straight through): its attach function maps this ring, as its
+  // constructor did the first time.
+  auto mapped = agent_mapped(pid);
+  s->load_.reattached = mapped.has_value();
+  auto h = mapped ? attach_agent(pid, *mapped, &s->load_, o.timeout_ms, o.held)
+                  : load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held);
   if (!h) return h.error();
   // The constructor ran inside dlopen: the agent has said how it went.
   const volatile mt_inj_hdr& hd = s->ring_->hdr();
   uint32_t st = hd.agent_state;
   if (st == MT_INJ_AGENT_NONE) {
-    // Loaded before (a second session into the same process): its
-    // constructor does not run again. Not supported yet.
-    return Error::msg("pid " + std::to_string(pid) + ": the agent did not map the ring (" + o.agent +
-                      " already loaded by an earlier --inject?)");
+    // Loaded by something else than --inject, which made it map no ring.
+    return Error::msg("pid " + std::to_string(pid) + ": the agent did not map the ring (" +
+                      (mapped ? *mapped : o.agent) + " loaded before, not by --inject?)");
   }
   if (st == MT_INJ_AGENT_FAILED) {
     char why[sizeof hd.agent_error + 1] = {0};
