@@ -250,6 +250,34 @@ bool fill_ops(const cs_insn* in, const Arm64Regs& r, uint32_t dc_zva_bytes, Insn
   return true;
 }
 
+// Plain loads and stores of one general register, without writeback: the
+// tracer may do them itself (the page stays protected, the other threads
+// run on), as x86's plain movs. Not the acquire/release, exclusive,
+// unprivileged (ldtr), pair or SIMD forms.
+void fill_emulation(const cs_insn* in, Insn& out) {
+  const cs_arm64& a = in->detail->arm64;
+  out.emul = Emul::kNone;
+  if (out.ops.size() != 1 || a.writeback || a.op_count != 2 || a.operands[0].type != ARM64_OP_REG ||
+      a.operands[1].type != ARM64_OP_MEM || !is_gpr(a.operands[0].reg))
+    return;
+  static const char* const kLoads[] = {"ldr", "ldrb", "ldrh", "ldrsb", "ldrsh", "ldrsw",
+                                       "ldur", "ldurb", "ldurh", "ldursb", "ldursh", "ldursw"};
+  static const char* const kStores[] = {"str", "strb", "strh", "stur", "sturb", "sturh"};
+  for (const char* m : kLoads)
+    if (std::strcmp(in->mnemonic, m) == 0) {
+      out.emul = Emul::kLoad;
+      out.reg = a.operands[0].reg;
+      out.sign_extend = std::strncmp(m, "ldrs", 4) == 0 || std::strncmp(m, "ldurs", 5) == 0;
+      return;
+    }
+  for (const char* m : kStores)
+    if (std::strcmp(in->mnemonic, m) == 0) {
+      out.emul = Emul::kStoreReg;
+      out.reg = a.operands[0].reg;
+      return;
+    }
+}
+
 }  // namespace
 
 std::optional<uint64_t> reg_read(unsigned reg, const Arm64Regs& r) { return gpr(reg, r); }
@@ -309,8 +337,12 @@ std::optional<Insn> Arm64Decoder::decode(uint64_t ip, const uint8_t* code, size_
   out.id = in->id;
   out.text = std::string(in->mnemonic) + (in->op_str[0] ? " " : "") + in->op_str;
   bool ok = fill_ops(in, regs, dc_zva_bytes_, out);
+  if (ok) fill_emulation(in, out);
   cs_free(in, count);
-  if (!ok) out.ops.clear();  // operands not modelled: the fault address alone is recorded
+  if (!ok) {
+    out.ops.clear();  // operands not modelled: the fault address alone is recorded
+    out.emul = Emul::kNone;
+  }
   return out;
 }
 

@@ -356,7 +356,9 @@ track() {  # NAME "HELPER OPTIONS" TARGET-ARGS...
   rm -f /tmp/s.json
 }
 track track.OneThread "--mode step"
+track track.OneThreadNoEmul "--mode step --no-emulate"
 track track.FourThreads "--mode step" --threads 4 --rounds 25
+track track.FourThreadsNoEmul "--mode step --no-emulate" --threads 4 --rounds 25
 track track.Exclusive "--mode step" --exclusive
 # The C API (StartTrackMemory/EndTrackMemory) from inside a program.
 echo "@@BEGIN track.CApi"
@@ -655,8 +657,9 @@ def track_result(sec, name, extra=(), attach=False):
     if why:
         return False, why
     n = sum(len(v) for v in want.values())
+    st = j.get("stats", {})
     return True, (f"{n} accesses in {len(want)} threads, exact; mode {j.get('mode')}, "
-                  f"single-stepped {j.get('stats', {}).get('single_stepped', '?')}")
+                  f"emulated {st.get('emulated', '?')}, single-stepped {st.get('single_stepped', '?')}")
 
 
 def hw_result(sec):
@@ -1127,7 +1130,11 @@ def cmd_test(a):
     rows.append(("unwind.FramePointersAloneMissThem", *unwind_fp_result(sec)))
     rows.append(("unwind.LargeFrameRecordAtTheBottom", *large_frame_result(sec)))
     rows.append(("track.OneThreadExact", *track_result(sec, "track.OneThread", ["read(2) into region ok"])))
+    rows.append(("track.OneThreadExactWithoutEmulation",
+                 *track_result(sec, "track.OneThreadNoEmul", ["read(2) into region ok"])))
     rows.append(("track.FourThreadsExact", *track_result(sec, "track.FourThreads", ["ldadd total 100"])))
+    rows.append(("track.FourThreadsExactWithoutEmulation",
+                 *track_result(sec, "track.FourThreadsNoEmul", ["ldadd total 100"])))
     rows.append(("track.ExclusiveLoadStoreExact", *track_result(sec, "track.Exclusive", ["exclusive add: stored"])))
     rows.append(("track.CApiTracksOwnRegionExactly", *capi_result(sec)))
     rows.append(("track.AllocsPerBlockCountsFromCallSite", *allocs_result(sec)))

@@ -106,6 +106,57 @@ TEST(DecoderArm64, NoMemoryAccess) {
   }
 }
 
+TEST(DecoderArm64, PlainLoadsAndStoresAreEmulable) {
+  Arm64Decoder d;
+  Arm64Regs r = regs();
+  struct E {
+    uint32_t word;
+    Emul emul;
+    bool sign_extend;
+    unsigned width;  // of the register moved
+  };
+  const E kRows[] = {
+      {0xf9400420, Emul::kLoad, false, 8},      // ldr x0, [x1, #8]
+      {0x38624820, Emul::kLoad, false, 4},      // ldrb w0, [x1, w2, uxtw]
+      {0x79800420, Emul::kLoad, true, 8},       // ldrsh x0, [x1, #2]
+      {0xb9800420, Emul::kLoad, true, 8},       // ldrsw x0, [x1, #4]
+      {0xf85fd020, Emul::kLoad, false, 8},      // ldur x0, [x1, #-3]
+      {0x78226820, Emul::kStoreReg, false, 4},  // strh w0, [x1, x2]
+      {0x39000420, Emul::kStoreReg, false, 4},  // strb w0, [x1, #1]
+      {0xf8408c20, Emul::kNone, false, 0},      // ldr x0, [x1, #8]!: writeback
+      {0xf8408420, Emul::kNone, false, 0},      // ldr x0, [x1], #8: writeback
+      {0xa9ff07e0, Emul::kNone, false, 0},      // ldp
+      {0x88dffc20, Emul::kNone, false, 0},      // ldar
+      {0xc85f7c20, Emul::kNone, false, 0},      // ldxr
+      {0x3dc00820, Emul::kNone, false, 0},      // ldr q0
+      {0x58000800, Emul::kNone, false, 0},      // ldr x0, literal
+      {0xb8200041, Emul::kNone, false, 0},      // ldadd
+  };
+  for (const E& e : kRows) {
+    uint8_t code[4];
+    std::memcpy(code, &e.word, 4);
+    auto in = d.decode(kPc, code, 4, r);
+    ASSERT_TRUE(in) << std::hex << e.word;
+    EXPECT_EQ(in->emul, e.emul) << in->text;
+    if (e.emul != Emul::kNone) {
+      EXPECT_EQ(in->sign_extend, e.sign_extend) << in->text;
+      EXPECT_EQ(arm64_reg_width(in->reg), e.width) << in->text;
+    }
+  }
+  // The registers the tracer executes them with: w writes zero the upper half.
+  Arm64Regs w = regs();
+  w.x[0] = ~0ull;
+  uint32_t ldrb = 0x38624820;
+  uint8_t code[4];
+  std::memcpy(code, &ldrb, 4);
+  auto in = d.decode(kPc, code, 4, w);
+  ASSERT_TRUE(in);
+  ASSERT_TRUE(reg_write(in->reg, 0x1234567890ull, w));
+  EXPECT_EQ(w.x[0], 0x34567890ull);
+  EXPECT_EQ(arm64_reg_width(in->reg), 4u);
+  EXPECT_EQ(reg_read(in->reg, w), 0x34567890ull);
+}
+
 TEST(DecoderArm64, RecomputeFollowsTheRegisters) {
   Arm64Decoder d;
   Arm64Regs r = regs();
