@@ -360,6 +360,7 @@ track track.OneThreadNoEmul "--mode step --no-emulate"
 track track.FourThreads "--mode step" --threads 4 --rounds 25
 track track.FourThreadsNoEmul "--mode step --no-emulate" --threads 4 --rounds 25
 track track.Exclusive "--mode step" --exclusive
+track track.Signals "--mode step" --signals
 # The C API (StartTrackMemory/EndTrackMemory) from inside a program.
 echo "@@BEGIN track.CApi"
 $SSAPI 2>&1
@@ -1136,6 +1137,8 @@ def cmd_test(a):
     rows.append(("track.FourThreadsExactWithoutEmulation",
                  *track_result(sec, "track.FourThreadsNoEmul", ["ldadd total 100"])))
     rows.append(("track.ExclusiveLoadStoreExact", *track_result(sec, "track.Exclusive", ["exclusive add: stored"])))
+    rows.append(("track.SignalsDeliveredAsUntraced",
+                 *track_result(sec, "track.Signals", ["usr1 3 usr2 1 segv 2"])))
     rows.append(("track.CApiTracksOwnRegionExactly", *capi_result(sec)))
     rows.append(("track.AllocsPerBlockCountsFromCallSite", *allocs_result(sec)))
     rows.append(("track.HardwareWatchpointPath", *hw_result(sec)))

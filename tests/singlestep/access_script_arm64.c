@@ -11,19 +11,24 @@
 // instruction, so the compiler adds none.
 //
 // Usage: access_script_arm64 [--threads N (at most 4)] [--rounds R] [--exclusive]
-//        [--wait-stdin] [--hw N]
+//        [--wait-stdin] [--hw N] [--signals]
 // Lines: "T<thread> <+off|-off> <size> <read|write|read-write>"; exit 7.
 // --wait-stdin: print "ready" and wait for a line first (attach tests).
 // --hw N: N rounds of a store and two loads on ss_word alone, "W +0 8 ..."
 // lines (the hardware watchpoint path: the watched word's size).
+// --signals: access_script.c's signals_script (its own signals, genuine
+// SIGSEGVs its handler recovers from, a region access in a handler).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -210,6 +215,44 @@ __attribute__((noinline)) static void script_single(void) {
 
 static int rounds = 50;
 
+// --signals: the program's own signals must reach it as if untraced, including
+// genuine SIGSEGVs (a NULL read, a store to its own read-only page) that its
+// handler recovers from, while the region is tracked.
+static volatile int usr1, usr2, segv;
+static sigjmp_buf jb;
+static void on_usr(int sig) {
+  if (sig == SIGUSR1) usr1++;
+  else usr2++;
+  sink += ld8(ss_region + 1000);  // a region access inside a signal handler
+}
+static void on_segv(int sig) {
+  (void)sig;
+  segv++;
+  siglongjmp(jb, 1);
+}
+static int signals_script(void) {
+  signal(SIGUSR1, on_usr);
+  signal(SIGUSR2, on_usr);
+  signal(SIGSEGV, on_segv);
+  for (int i = 0; i < 3; i++) {
+    raise(SIGUSR1);
+    expect(0, ss_region + 1000, 1, "read");
+    st64(ss_region + 8, (uint64_t)i);
+    expect(0, ss_region + 8, 8, "write");
+  }
+  kill(getpid(), SIGUSR2);
+  expect(0, ss_region + 1000, 1, "read");
+  if (sigsetjmp(jb, 1) == 0) sink += ld64((u8*)(uintptr_t)8);  // genuine fault
+  u8* ro = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (sigsetjmp(jb, 1) == 0) st64(ro, 1);  // genuine fault on a page of its own
+  st16(ss_region + 2, 1);
+  expect(0, ss_region + 2, 2, "write");
+  printf("usr1 %d usr2 %d segv %d\n", usr1, usr2, segv);
+  for (int i = 0; i < logs[0].n; i++) printf("T0 %+d %d %s\n", logs[0].e[i].off, logs[0].e[i].size, logs[0].e[i].kind);
+  printf("done\n");
+  return 7;
+}
+
 __attribute__((noinline)) static void* thread_script(void* arg) {
   int t = (int)(intptr_t)arg;
   u8* s = ss_region + 512 + 128 * t;
@@ -230,6 +273,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
+    else if (!strcmp(argv[i], "--signals")) return signals_script();
     else if (!strcmp(argv[i], "--hw") && i + 1 < argc) { hw_script(atoi(argv[++i])); printf("done\n"); return 7; }
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--exclusive")) exclusive = 1;
