@@ -31,6 +31,7 @@
 #include <link.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,13 +123,17 @@ static inline uint64_t now_ts(void) {
   return now_ns();
 }
 
+/* Whether the loader is there: its heartbeat is fresh, or it is late but
+ * the loader's process still exists (a tool starved of CPU on a loaded
+ * host, up to MT_INJ_STALE_MAX_NS). Gone (SIGKILL, OOM): this session's
+ * writing is over for good. */
 static int loader_alive(struct view* v) {
-  uint64_t hb = __atomic_load_n(&v->hdr->heartbeat_ns, __ATOMIC_RELAXED);
-  if (now_ns() - hb > MT_INJ_STALE_NS) {
-    v->off = 1;
-    return 0;
-  }
-  return 1;
+  uint64_t age = now_ns() - __atomic_load_n(&v->hdr->heartbeat_ns, __ATOMIC_RELAXED);
+  if (LIKELY(age <= MT_INJ_STALE_NS)) return 1;
+  pid_t loader = (pid_t)v->hdr->loader_pid;
+  if (age <= MT_INJ_STALE_MAX_NS && loader > 0 && (kill(loader, 0) == 0 || errno == EPERM)) return 1;
+  v->off = 1;
+  return 0;
 }
 
 /* Space for len bytes (a multiple of 8) after the record word; NULL when

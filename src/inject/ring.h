@@ -89,10 +89,14 @@ struct mt_inj_rec {
 };
 
 /* The loader refreshes heartbeat_ns (CLOCK_MONOTONIC) at every drain; a
- * producer that finds it older than this stops writing for good: the
- * loader died without saying so (SIGKILL, OOM). Checked every
+ * producer that finds it older than this, and the loader's process
+ * (loader_pid) gone, stops writing for good: the loader died without saying
+ * so (SIGKILL, OOM). A loader whose process is there but that has not
+ * beaten for MT_INJ_STALE_MAX_NS (stopped) is given up on too; one merely
+ * starved of CPU on a loaded host is not. Checked every
  * MT_INJ_HEARTBEAT_EVERY records of a thread and whenever the ring is full. */
 #define MT_INJ_STALE_NS (3ull * 1000000000ull)
+#define MT_INJ_STALE_MAX_NS (30ull * 1000000000ull)
 #define MT_INJ_HEARTBEAT_EVERY 4096
 
 struct mt_inj_hdr {
