@@ -129,6 +129,7 @@ Result<void> Image::init() {
 
   size_t nph = 0;
   if (elf_getphdrnum(elf_, &nph) != 0) nph = 0;
+  uint64_t dyn_off = 0, dyn_size = 0;
   for (size_t i = 0; i < nph && i < 65536; ++i) {
     GElf_Phdr ph;
     if (!gelf_getphdr(elf_, static_cast<int>(i), &ph)) break;
@@ -139,6 +140,10 @@ Result<void> Image::init() {
                ph.p_offset <= file_size_ && ph.p_filesz <= file_size_ - ph.p_offset) {
       if (Elf_Data* d = elf_getdata_rawchunk(elf_, static_cast<int64_t>(ph.p_offset), ph.p_filesz, ELF_T_BYTE))
         interp_.assign(static_cast<const char*>(d->d_buf), strnlen(static_cast<const char*>(d->d_buf), d->d_size));
+    } else if (ph.p_type == PT_DYNAMIC && ph.p_offset <= file_size_ && ph.p_filesz <= file_size_ - ph.p_offset &&
+               ph.p_filesz <= (1u << 20)) {
+      dyn_off = ph.p_offset;
+      dyn_size = ph.p_filesz;
     } else if (ph.p_type == PT_NOTE && build_id_.empty() && ph.p_filesz > 0 &&
                ph.p_filesz <= (1u << 20)) {
       Elf_Data* d = elf_getdata_rawchunk(elf_, static_cast<int64_t>(ph.p_offset), ph.p_filesz,
@@ -146,6 +151,8 @@ Result<void> Image::init() {
       build_id_ = build_id_from_notes(d);
     }
   }
+
+  if (dyn_size) read_search_path(dyn_off, dyn_size);
 
   size_t shstrndx = 0;
   bool have_names = elf_getshdrstrndx(elf_, &shstrndx) == 0;
@@ -197,6 +204,35 @@ std::string_view Image::gnu_debugdata() const {
   Elf_Data* d = elf_rawdata(gnu_debugdata_, nullptr);
   if (!d || !d->d_buf) return {};
   return {static_cast<const char*>(d->d_buf), d->d_size};
+}
+
+// DT_RUNPATH, else DT_RPATH: strings in DT_STRTAB (an address: found in
+// the PT_LOAD that holds it in the file).
+void Image::read_search_path(uint64_t off, uint64_t size) {
+  Elf_Data* d = elf_getdata_rawchunk(elf_, static_cast<int64_t>(off), size, ELF_T_DYN);
+  size_t ent = gelf_fsize(elf_, ELF_T_DYN, 1, EV_CURRENT);
+  if (!d || !ent) return;
+  uint64_t strtab = 0, strsz = 0, runpath = 0, rpath = 0;
+  bool have_runpath = false, have_rpath = false;
+  for (size_t i = 0; i < d->d_size / ent; i++) {
+    GElf_Dyn dyn;
+    if (!gelf_getdyn(d, static_cast<int>(i), &dyn) || dyn.d_tag == DT_NULL) break;
+    if (dyn.d_tag == DT_STRTAB) strtab = dyn.d_un.d_ptr;
+    else if (dyn.d_tag == DT_STRSZ) strsz = dyn.d_un.d_val;
+    else if (dyn.d_tag == DT_RUNPATH) have_runpath = true, runpath = dyn.d_un.d_val;
+    else if (dyn.d_tag == DT_RPATH) have_rpath = true, rpath = dyn.d_un.d_val;
+  }
+  if (!have_runpath && !have_rpath) return;
+  uint64_t at = have_runpath ? runpath : rpath;
+  if (at >= strsz) return;
+  for (const auto& s : segments_) {
+    if (strtab < s.vaddr || strtab - s.vaddr >= s.filesz) continue;
+    uint64_t in = strtab - s.vaddr;
+    if (at >= s.filesz - in) return;
+    std::string_view str = bytes(s.offset + in + at, std::min<uint64_t>(strsz - at, s.filesz - in - at));
+    search_path_.assign(str.substr(0, str.find('\0')));
+    return;
+  }
 }
 
 std::optional<uint64_t> Image::offset_to_vaddr(uint64_t off) const {

@@ -66,6 +66,9 @@ class Image {
   const std::optional<DebugLink>& debuglink() const { return debuglink_; }
   const std::vector<Segment>& segments() const { return segments_; }
   const std::string& interp() const { return interp_; }  // PT_INTERP (the program's ld.so), "" if none
+  // DT_RUNPATH, else DT_RPATH, as the file has it (colon-separated, $ORIGIN
+  // not expanded), "" if none.
+  const std::string& search_path() const { return search_path_; }
   bool has_dwarf() const { return has_dwarf_; }  // .debug_info present (maybe compressed)
   bool has_symtab() const { return has_symtab_; }
   bool is_debug_only() const { return debug_only_; }  // code sections are NOBITS (a .debug file)
@@ -94,6 +97,7 @@ class Image {
  private:
   Image() = default;
   Result<void> init();
+  void read_search_path(uint64_t dyn_offset, uint64_t dyn_size);
 
   Fd fd_;
   std::string mem_;  // backing bytes for from_memory
@@ -105,6 +109,7 @@ class Image {
   std::optional<DebugLink> debuglink_;
   std::vector<Segment> segments_;
   std::string interp_;
+  std::string search_path_;
   std::vector<std::pair<uint64_t, uint64_t>> code_sections_;  // [addr, end)
   bool has_dwarf_ = false, has_symtab_ = false, debug_only_ = false;
   Elf_Scn* gnu_debugdata_ = nullptr;
