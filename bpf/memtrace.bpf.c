@@ -678,13 +678,17 @@ static __always_inline void map_event_lib(__u64 pid_tgid, __u64 start, __u64 len
 
 	if (fd < 0 || (__u32)fd >= max || bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
 		return;
-	e = map_event_reserve(pid_tgid, f, MT_MAP_EVENT_LIB_BYTES); /* no path */
+	e = map_event_reserve(pid_tgid, f, MT_MAP_EVENT_LIB_BYTES); /* the name only, no path */
 	if (!e)
 		return;
 	e->start = start;
 	e->end = start + len;
 	e->pgoff = pgoff;
 	e->is_exe = 0;
+	/* The file's own name (its dentry's: a symlink's target's), for a
+	 * library that no process the loader reads maps (cut at 47 bytes). */
+	if (bpf_probe_read_kernel_str(e->path, MT_MAP_NAME_LEN, BPF_CORE_READ(f, f_path.dentry, d_name.name)) < 0)
+		e->path[0] = 0;
 	bpf_ringbuf_submit(e, 0);
 }
 

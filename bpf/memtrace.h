@@ -147,12 +147,17 @@ struct mt_proc_event {
 /* MT_EV_MAPFILE (lifecycle ring, system-wide only): executable code of a
  * file as the kernel mapped it, sent with the exec (the program: is_exe,
  * path = the file executed, start/end = mm's start_code and end_code) and
- * with each executable file mmap (a library: start, end, pgoff; the record
- * ends before path: MT_MAP_EVENT_LIB_BYTES). System-wide, new
- * processes are never stopped: one that exits before the loader has read
- * its /proc/PID/maps gets its address space from these (the file found by
- * dev and inode among the files mapped elsewhere, or by its exec path). */
+ * with each executable file mmap (a library: start, end, pgoff, and in
+ * path only the file's own name (its dentry's, no directory, at most
+ * MT_MAP_NAME_LEN - 1 bytes: longer names are cut); the record ends there:
+ * MT_MAP_EVENT_LIB_BYTES). System-wide, new processes are never stopped:
+ * one that exits before the loader has read its /proc/PID/maps gets its
+ * address space from these (the file found by dev and inode among the
+ * files mapped elsewhere, else by its name in the program's RUNPATH and
+ * ld.so's directories, checked by dev and inode; the program by its exec
+ * path). Not in recordings: REC_MAPS keeps what they resolved to. */
 #define MT_MAP_PATH_LEN 256
+#define MT_MAP_NAME_LEN 48
 struct mt_map_event {
 	struct mt_hdr h;
 	__u64 start, end; /* runtime range */
@@ -162,8 +167,9 @@ struct mt_map_event {
 	__u32 is_exe;
 	char path[MT_MAP_PATH_LEN];
 };
-#define MT_MAP_EVENT_LIB_BYTES 64 /* offsetof(struct mt_map_event, path) */
-MT_STATIC_ASSERT(__builtin_offsetof(struct mt_map_event, path) == MT_MAP_EVENT_LIB_BYTES, "mt_map_event");
+#define MT_MAP_EVENT_NAME_OFF 64 /* offsetof(struct mt_map_event, path) */
+#define MT_MAP_EVENT_LIB_BYTES (MT_MAP_EVENT_NAME_OFF + MT_MAP_NAME_LEN)
+MT_STATIC_ASSERT(__builtin_offsetof(struct mt_map_event, path) == MT_MAP_EVENT_NAME_OFF, "mt_map_event");
 
 /* targets map value: why a process is traced and where it stands. */
 enum mt_target_state {

@@ -6,6 +6,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "elf/elf_file.h"
 
@@ -63,6 +67,30 @@ std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const 
   return frames_of(sym.symbolize_at(loc.module, loc.offset, return_address), addr);
 }
 
+Resolver::Image::Image(uint64_t id, std::shared_ptr<SpaceNode> n) : exec_id(id), node(std::move(n)) {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  since = uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+namespace {
+
+// A read of pid's maps into as. One that has none is not a read of its
+// mappings either: its mm is gone (exiting, a zombie; or a kernel thread).
+enum class Read { Ok, Empty, Failed };
+Read read_into(symbolize::Symbolizer& sym, symbolize::AddressSpace& as, pid_t pid,
+               const std::vector<procfs::Mapping>* maps) {
+  Result<std::vector<procfs::Mapping>> own = std::vector<procfs::Mapping>{};
+  if (!maps) {
+    if (!(own = procfs::read_maps(pid))) return Read::Failed;
+    maps = &*own;
+  }
+  if (maps->empty()) return Read::Empty;
+  return sym.update(as, pid, maps) ? Read::Ok : Read::Failed;
+}
+
+}  // namespace
+
 SpaceNode& Resolver::current(pid_t pid) {
   auto& v = images_[pid];
   if (v.empty()) v.push_back(Image{0, std::make_shared<SpaceNode>()});
@@ -74,29 +102,34 @@ void Resolver::capture(pid_t pid, const std::vector<procfs::Mapping>* maps) {
   SpaceNode& n = current(pid);
   // A process that is already gone keeps what we had; one gone before its
   // first capture has nothing: counted (its frames print "unknown").
-  bool ok = static_cast<bool>(sym_.update(n.as, pid, maps));
-  if (ok) never_captured_.erase(pid);
+  Read r = read_into(sym_, n.as, pid, maps);
+  if (r == Read::Ok) never_captured_.erase(pid);
+  else if (r == Read::Empty) {}  // as before: not counted (but what the kernel told is given)
   else if (n.as.mapping_count() == 0 && !n.parent) never_captured_.insert(pid);
   else if (n.as.mapping_count() > 0) incomplete_.insert(pid);  // code mapped since the last read: not seen
-  after_read(pid, images_[pid].back(), ok);
+  after_read(pid, images_[pid].back(), r == Read::Ok);
 }
 
 void Resolver::exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps) {
   note_paths(maps);
   auto& v = images_[pid];
-  if (v.empty() || v.back().exec_id != exec_id) v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
+  if (v.empty() || v.back().exec_id != exec_id) {
+    if (!v.empty()) ended(pid, v.back());
+    v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
+  }
   // Its own code now: gone before this read, its frames have no mappings of
   // their own (the parent's, if forked, are another program's).
-  bool ok = static_cast<bool>(sym_.update(v.back().node->as, pid, maps));
-  if (ok) never_captured_.erase(pid);
-  else never_captured_.insert(pid);
-  after_read(pid, v.back(), ok);
+  Read r = read_into(sym_, v.back().node->as, pid, maps);
+  if (r == Read::Ok) never_captured_.erase(pid);
+  else if (r == Read::Failed) never_captured_.insert(pid);
+  after_read(pid, v.back(), r == Read::Ok);
 }
 
 void Resolver::note_paths(const std::vector<procfs::Mapping>* maps) {
   if (!maps) return;
   for (const auto& m : *maps)
-    if (m.exec() && m.file() && !m.path.ends_with(" (deleted)")) paths_.try_emplace({m.dev, m.inode}, m.path);
+    if (m.exec() && m.file() && !m.path.ends_with(" (deleted)") && paths_.try_emplace({m.dev, m.inode}, m.path).second)
+      if (auto slash = m.path.rfind('/'); slash != std::string::npos && slash > 0) dirs_.insert(m.path.substr(0, slash));
 }
 
 void Resolver::after_read(pid_t pid, Image& im, bool ok) {
@@ -115,8 +148,22 @@ void Resolver::kernel_mapped(pid_t pid, const KernelMapping& k) {
     for (auto& i : v)
       if (i.exec_id == k.exec_id) im = &i;
     if (!im) {
+      if (!v.empty()) ended(pid, v.back());
       v.push_back(Image{k.exec_id, std::make_shared<SpaceNode>()});
       im = &v.back();
+    }
+    im->exe = k;  // kept: its libraries are looked for in its RUNPATH
+    // Its exec's read has no code where this program's is (mm's start_code):
+    // the read came after a later exec (env running bash, a shell's exec at
+    // once), that image's mappings, not this one's. This image gets what
+    // the kernel tells.
+    if (!im->gone && k.start && im->node->as.mapping_count() > 0) {
+      auto have = sym_.location_ranges(im->node->as);
+      if (std::none_of(have.begin(), have.end(), [&](const auto& r) { return r.start <= k.start && k.start < r.end; })) {
+        im->node = std::make_shared<SpaceNode>();
+        im->gone = true;
+        misread_++;
+      }
     }
   } else {
     current(pid);
@@ -128,8 +175,10 @@ void Resolver::kernel_mapped(pid_t pid, const KernelMapping& k) {
 
 void Resolver::unreadable(pid_t pid, uint64_t exec_id) {
   auto& v = images_[pid];
-  if (exec_id && (v.empty() || v.back().exec_id != exec_id))
+  if (exec_id && (v.empty() || v.back().exec_id != exec_id)) {
+    if (!v.empty()) ended(pid, v.back());
     v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
+  }
   current(pid);
   if (v.back().node->as.mapping_count() == 0) never_captured_.insert(pid);
   else incomplete_.insert(pid);
@@ -139,7 +188,12 @@ void Resolver::unreadable(pid_t pid, uint64_t exec_id) {
 void Resolver::exited(pid_t pid) {
   auto it = images_.find(pid);
   if (it == images_.end() || it->second.empty()) return;
-  Image& im = it->second.back();
+  ended(pid, it->second.back());
+}
+
+// im will not be read again (its process exited or exec'd): what the
+// kernel told since its last read goes to its space.
+void Resolver::ended(pid_t pid, Image& im) {
   im.gone = true;
   std::vector<KernelMapping> pending = std::move(im.pending);
   im.pending.clear();
@@ -147,7 +201,7 @@ void Resolver::exited(pid_t pid) {
 }
 
 void Resolver::give(pid_t pid, Image& im, const KernelMapping& k) {
-  std::vector<procfs::Mapping> maps = mappings_of(k);
+  std::vector<procfs::Mapping> maps = mappings_of(k, im);
   if (maps.empty()) {
     kernel_unresolved_++;
     return;
@@ -205,12 +259,130 @@ std::vector<procfs::Mapping> code_of(const std::string& path, uint64_t first, ui
   return out;
 }
 
+// A directory list as RUNPATH has it, $ORIGIN (the program's directory)
+// expanded; entries with other tokens ($LIB, $PLATFORM) are left out.
+std::vector<std::string> runpath_dirs(const std::string& list, const std::string& origin) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t end = list.find(':', at);
+    if (end == std::string::npos) end = list.size();
+    std::string d = list.substr(at, end - at);
+    at = end + 1;
+    for (const char* tok : {"${ORIGIN}", "$ORIGIN"})
+      for (size_t p; (p = d.find(tok)) != std::string::npos;) d.replace(p, strlen(tok), origin);
+    if (d.empty() || d[0] != '/' || d.find('$') != std::string::npos) continue;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// The directories of the files /etc/ld.so.cache lists (its strings that are
+// absolute paths), then ld.so's default directories.
+std::vector<std::string> system_library_dirs() {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  auto add = [&](std::string d) {
+    if (seen.insert(d).second) out.push_back(std::move(d));
+  };
+  std::ifstream f("/etc/ld.so.cache", std::ios::binary);
+  std::string cache((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (cache.find("glibc-ld.so.cache") != std::string::npos) {
+    for (size_t at = 0; at < cache.size();) {
+      size_t end = cache.find('\0', at);
+      if (end == std::string::npos) break;
+      if (cache[at] == '/' && end - at < PATH_MAX) {
+        std::string_view path(cache.data() + at, end - at);
+        if (size_t slash = path.rfind('/'); slash > 0) add(std::string(path.substr(0, slash)));
+      }
+      at = end + 1;
+    }
+  }
+#if defined(__x86_64__)
+  const char* multiarch = "x86_64-linux-gnu";
+#elif defined(__aarch64__)
+  const char* multiarch = "aarch64-linux-gnu";
+#else
+  const char* multiarch = nullptr;
+#endif
+  if (multiarch) {
+    add(std::string("/lib/") + multiarch);
+    add(std::string("/usr/lib/") + multiarch);
+  }
+  for (const char* d : {"/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"}) add(d);
+  return out;
+}
+
+// dir/name if that is the file (dev, inode); a cut name: an entry of dir
+// that starts with it.
+std::string in_dir(const std::string& dir, const KernelMapping& k) {
+  auto is_it = [&](const std::string& p) {
+    struct stat st {};
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_dev) == k.dev &&
+           st.st_ino == k.inode;
+  };
+  std::string p = dir + "/" + k.path;
+  if (is_it(p)) return p;
+  if (!k.name_cut) return "";
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.size() > k.path.size() && name.starts_with(k.path) && is_it(dir + "/" + name)) return dir + "/" + name;
+  }
+  return "";
+}
+
 }  // namespace
 
-std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k) {
+const std::string& Resolver::program_of(Image& im) {
+  if (im.program.empty() && im.exe.exe) {
+    if (auto it = paths_.find({im.exe.dev, im.exe.inode}); it != paths_.end()) im.program = it->second;
+    else im.program = checked_path(im.exe.path, im.exe.dev, im.exe.inode);
+    if (im.program.empty()) im.exe.exe = false;  // not found: not looked for again
+  }
+  return im.program;
+}
+
+std::string Resolver::find_library(const KernelMapping& k, Image& im) {
+  if (k.path.empty() || k.path.find('/') != std::string::npos || k.path == "." || k.path == "..") return "";
+  std::vector<const std::string*> dirs;
+  // ld.so's order (but LD_LIBRARY_PATH, which is not known): the program's
+  // RUNPATH, ld.so.cache, the default directories; then where other
+  // processes' files are. Any order would do: a candidate must be the file.
+  const std::string& prog = program_of(im);
+  auto miss = not_found_.find({k.dev, k.inode, prog});
+  if (miss != not_found_.end() && miss->second == dirs_.size()) return "";
+  if (!prog.empty()) {
+    auto it = runpaths_.find(prog);
+    if (it == runpaths_.end()) {
+      std::vector<std::string> rp;
+      if (auto f = elf::ElfFile::open(prog))
+        rp = runpath_dirs(f->image().search_path(), prog.substr(0, std::max<size_t>(prog.rfind('/'), 1)));
+      it = runpaths_.emplace(prog, std::move(rp)).first;
+    }
+    for (const auto& d : it->second) dirs.push_back(&d);
+  }
+  if (system_dirs_.empty()) system_dirs_ = system_library_dirs();
+  for (const auto& d : system_dirs_) dirs.push_back(&d);
+  for (const auto& d : dirs_) dirs.push_back(&d);
+  std::set<std::string_view> tried;
+  for (const std::string* d : dirs) {
+    if (!tried.insert(*d).second) continue;
+    if (std::string p = in_dir(*d, k); !p.empty()) return p;
+  }
+  not_found_[{k.dev, k.inode, prog}] = dirs_.size();
+  return "";
+}
+
+std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k, Image& im) {
   std::string path;
   if (auto it = paths_.find({k.dev, k.inode}); it != paths_.end()) path = it->second;
   if (!k.exe) {
+    if (path.empty() && !(path = find_library(k, im)).empty()) {
+      paths_.try_emplace({k.dev, k.inode}, path);  // found: the next record of it is a lookup
+      dirs_.insert(path.substr(0, path.rfind('/')));
+    }
     if (path.empty()) return {};
     procfs::Mapping m;
     m.start = k.start;
@@ -250,11 +422,27 @@ void Resolver::inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapp
   capture(child, maps);
 }
 
-void Resolver::forked(pid_t parent, pid_t child) {
-  auto node = std::make_shared<SpaceNode>();
-  if (auto it = images_.find(parent); it != images_.end() && !it->second.empty())
-    node->parent = it->second.back().node;
-  images_[child] = {Image{0, std::move(node)}};
+void Resolver::forked(pid_t parent, pid_t child, uint64_t fork_ts) {
+  if (parent == child) return;  // not a fork (a corrupt record)
+  // The parent's image at the fork: its last exec before it (a later one's
+  // exec record may have been read first).
+  const Image* from = nullptr;
+  if (auto it = images_.find(parent); it != images_.end())
+    for (const Image& im : it->second)
+      if (im.exec_id <= fork_ts) from = &im;
+  // The child's images made since the fork are its own (its exec read
+  // already, or code it mapped); older ones are a gone process's (a reused pid).
+  auto& v = images_[child];
+  std::erase_if(v, [&](const Image& im) { return im.exec_id ? im.exec_id < fork_ts : im.since < fork_ts; });
+  if (v.empty() || v.front().exec_id) v.insert(v.begin(), Image{0, std::make_shared<SpaceNode>()});
+  Image& first = v.front();
+  if (from) {
+    first.node->parent = from->node;
+    if (!first.exe.exe) {
+      first.exe = from->exe;  // its libraries are looked for where the parent's are
+      first.program = from->program;
+    }
+  }
 }
 
 void Resolver::forget(pid_t pid) { images_.erase(pid); }

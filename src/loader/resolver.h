@@ -10,6 +10,7 @@
 #include <string>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "heap/heap_model.h"
@@ -51,6 +52,7 @@ struct KernelMapping {
   uint64_t base = 0;
   uint64_t dev = 0, inode = 0;  // makedev(major, minor), as /proc/PID/maps has them
   std::string path;       // exe: the file executed, as named; library: its name without directory
+  bool name_cut = false;  // library: path is the first bytes of a longer name
 };
 
 class Resolver {
@@ -62,8 +64,12 @@ class Resolver {
   // A child starts with its parent's mappings (captured now).
   void inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapping>* maps = nullptr);
   // The same without a read (system-wide: a fork is not stopped, the child
-  // may be gone already): until it execs, its addresses are its parent's.
-  void forked(pid_t parent, pid_t child);
+  // may be gone already): until it execs, its addresses are its parent's,
+  // those of the parent's image at the fork (fork_ts: the fork's time).
+  // The fork comes from the events ring, the child's exec (and the parent's
+  // next one) from the lifecycle ring, often first: images started after
+  // the fork stay.
+  void forked(pid_t parent, pid_t child, uint64_t fork_ts);
   // pid exec'd (exec_id: the exec's id, as heap::Process::exec_ts): a new
   // image, a new address space, captured now.
   void exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps = nullptr);
@@ -97,17 +103,26 @@ class Resolver {
 
  private:
   struct Image {
-    Image(uint64_t id, std::shared_ptr<SpaceNode> n) : exec_id(id), node(std::move(n)) {}
+    Image(uint64_t id, std::shared_ptr<SpaceNode> n);
     uint64_t exec_id = 0;  // 0: the image running when first seen (or a fork's)
+    uint64_t since = 0;    // when the resolver made it (CLOCK_MONOTONIC ns, the records' clock)
     std::shared_ptr<SpaceNode> node;
     bool gone = false;                   // its last /proc read failed
     std::vector<KernelMapping> pending;  // code mapped since its last /proc read
+    KernelMapping exe;                   // the program's record (its exec's; a fork's: the parent's)
+    std::string program;                 // exe's file, once found ("": not yet or never)
   };
   // A read of pid's maps: done (drops what the kernel told before it: the
   // read has it), or failed (gives it to the space).
   void after_read(pid_t pid, Image& im, bool ok);
   void give(pid_t pid, Image& im, const KernelMapping& k);
-  std::vector<procfs::Mapping> mappings_of(const KernelMapping& k);
+  void ended(pid_t pid, Image& im);
+  std::vector<procfs::Mapping> mappings_of(const KernelMapping& k, Image& im);
+  // A library record's file by its name: in the program's RUNPATH/RPATH,
+  // ld.so.cache's and ld.so's default directories, the directories other
+  // processes' maps named; only a file whose (dev, inode) are the record's.
+  std::string find_library(const KernelMapping& k, Image& im);
+  const std::string& program_of(Image& im);
   void note_paths(const std::vector<procfs::Mapping>* maps);
   // pid's image p lives in (by exec id; else the newest older one; else its first).
   const SpaceNode* node_of(const heap::Process& p) const;
@@ -122,7 +137,13 @@ class Resolver {
   // Files by (dev, inode) as some process's maps named them: a gone
   // process's libraries are found here.
   std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
-  size_t kernel_given_ = 0, kernel_unresolved_ = 0;
+  std::set<std::string> dirs_;                                 // their directories
+  std::map<std::string, std::vector<std::string>> runpaths_;   // program -> its RUNPATH, $ORIGIN expanded
+  std::vector<std::string> system_dirs_;                       // ld.so.cache's, then ld.so's defaults
+  // Files looked for in vain, by (dev, inode, program): dirs_'s size then
+  // (looked for again once more directories are known).
+  std::map<std::tuple<uint64_t, uint64_t, std::string>, size_t> not_found_;
+  size_t kernel_given_ = 0, kernel_unresolved_ = 0, misread_ = 0;
   std::function<void(pid_t, const std::vector<procfs::Mapping>&)> on_given_;
 
  public:
@@ -136,6 +157,9 @@ class Resolver {
   // and such records whose file could not be found.
   size_t kernel_given() const { return kernel_given_; }
   size_t kernel_unresolved() const { return kernel_unresolved_; }
+  // Exec reads that found a later exec's program (that image's mappings:
+  // dropped, the kernel's records used).
+  size_t misread() const { return misread_; }
 };
 
 }  // namespace memtrace::loader

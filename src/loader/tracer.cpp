@@ -406,6 +406,7 @@ void Tracer::on_map_event(const mt_map_event& e) {
   k.dev = makedev(e.dev >> 20, e.dev & 0xfffff);  // the kernel's dev_t, as /proc/PID/maps prints it
   k.inode = e.ino;
   k.path.assign(e.path, strnlen(e.path, sizeof e.path));
+  k.name_cut = !e.is_exe && k.path.size() == MT_MAP_NAME_LEN - 1;  // the name's first 47 bytes
   resolver_.kernel_mapped(e.h.pid, k);
 }
 
@@ -825,6 +826,31 @@ void Tracer::detach_injected() {
 
 int Tracer::on_event(void* data, size_t len) {
   if (!handed_over_.empty() && handed_over_call(data, len)) return budget_ && --budget_ == 0 ? -EAGAIN : 0;
+  if (system_wide_ && held_.empty() && len >= sizeof(mt_event)) {
+    const auto* e = static_cast<const mt_event*>(data);
+    if (e->h.kind == MT_EV_EXEC && !lifecycle_execs_.count({e->h.pid, e->addr}) &&
+        (!drain_bound_ || e->h.ts > drain_bound_)) {
+      held_.assign(static_cast<const char*>(data), static_cast<const char*>(data) + len);
+      return -EAGAIN;  // the lifecycle ring first
+    }
+  }
+  apply_event(data, len);
+  // consume(): back to the lifecycle ring every so often (an exec or a new
+  // library there is read from /proc while the process lives).
+  if (budget_ && --budget_ == 0) return -EAGAIN;
+  return 0;
+}
+
+bool Tracer::release_held() {
+  if (held_.empty()) return false;
+  if (drain_bound_ && reinterpret_cast<const mt_hdr*>(held_.data())->ts > drain_bound_) return false;
+  std::vector<char> r = std::move(held_);
+  held_.clear();
+  apply_event(r.data(), r.size());
+  return true;
+}
+
+void Tracer::apply_event(void* data, size_t len) {
   std::optional<Snapshot> snap;  // read only for new code
   const std::vector<MapEntry>* maps = nullptr;
   if (len >= sizeof(mt_event)) {
@@ -840,20 +866,24 @@ int Tracer::on_event(void* data, size_t len) {
     }
     // System-wide, a fork has no lifecycle record: its child's addresses
     // are its parent's until it execs (read then).
-    if (system_wide_ && e->h.kind == MT_EV_FORK) resolver_.forked(e->h.pid, static_cast<pid_t>(e->addr));
+    if (system_wide_ && e->h.kind == MT_EV_FORK) resolver_.forked(e->h.pid, static_cast<pid_t>(e->addr), e->h.ts);
   }
   model_.apply(data, len);
+  if (system_wide_ && len >= sizeof(mt_event) && static_cast<const mt_event*>(data)->h.kind == MT_EV_EXEC) {
+    const auto* e = static_cast<const mt_event*>(data);
+    lifecycle_execs_.erase({e->h.pid, e->addr});
+    if (auto it = exec_comms_.find(e->h.pid); it != exec_comms_.end() && it->second.first == e->addr) {
+      model_.process(e->h.pid).comm = std::move(it->second.second);
+      exec_comms_.erase(it);
+    }
+  }
   if (feat_) feat_->on_event(data, len, maps);
-  // consume(): back to the lifecycle ring every so often (an exec or a new
-  // library there is read from /proc while the process lives).
-  if (budget_ && --budget_ == 0) return -EAGAIN;
-  return 0;
 }
 
 int Tracer::on_proc_event(void* data, size_t len) {
   if (len >= sizeof(mt_hdr) && static_cast<const mt_hdr*>(data)->kind == MT_EV_MAPFILE) {
-    // A library's record ends before the path (MT_MAP_EVENT_LIB_BYTES).
-    if (len >= MT_MAP_EVENT_LIB_BYTES) {
+    // A library's record ends after its name (MT_MAP_EVENT_LIB_BYTES).
+    if (len >= MT_MAP_EVENT_NAME_OFF) {
       mt_map_event e{};
       memcpy(&e, data, std::min(len, sizeof e));
       on_map_event(e);
@@ -875,15 +905,21 @@ int Tracer::on_proc_event(void* data, size_t len) {
       // gone after it).
       if (system_wide_) {
         exec_ids_[pid] = e.addr ? e.addr : e.h.ts;  // its MT_EV_MAPFILE comes next
+        exec_comms_[pid] = {e.addr, comm};          // its fork in the drain below gets its name
+        lifecycle_execs_.insert({pid, e.addr});     // its events-ring record may go on (on_event)
         read_process_once(pid, e.h.ts, e.addr ? e.addr : e.h.ts);
       }
       else resolver_.exec(pid, e.addr ? e.addr : e.h.ts, snap.maps());  // its own address space (the old one's stacks seal with theirs)
       // The old image's last events, then the events stream's own MT_EV_EXEC
-      // (exact order); on_exec here only if that record was lost.
+      // (exact order); on_exec here only if that record was lost. Not past
+      // a later exec (system-wide: it waits for its own lifecycle record).
+      drain_bound_ = e.h.ts;
       drain_events();
+      drain_bound_ = 0;
       model_.on_exec(pid, e.addr ? e.addr : e.h.ts);
       if (system_wide_) {
         model_.process(pid).comm = comm;
+        exec_comms_.erase(pid);
         break;
       }
       log("exec pid " + std::to_string(pid) + " (" + comm + ")");
@@ -959,6 +995,8 @@ int Tracer::on_proc_event(void* data, size_t len) {
       if (unwind_) unwind_->remove_process(pid);
       last_read_ns_.erase(pid);
       exec_ids_.erase(pid);
+      exec_comms_.erase(pid);
+      lifecycle_execs_.erase(lifecycle_execs_.lower_bound({pid, 0}), lifecycle_execs_.lower_bound({pid + 1, 0}));
       if (e.exit_code >= 0 && (it != procs_.end() || system_wide_)) process_gone(pid, e.exit_code);
       forget_stopped(pid);
       break;
@@ -995,6 +1033,7 @@ report::Drops Tracer::drops() {
   // Of those: mappings rebuilt from the kernel's records, and records whose file was not found.
   d.stats["mappings_from_kernel"] = resolver_.kernel_given();
   d.stats["mappings_from_kernel_unresolved"] = resolver_.kernel_unresolved();
+  d.stats["mappings_read_after_next_exec"] = resolver_.misread();  // dropped: the kernel's records instead
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
@@ -1138,6 +1177,7 @@ int Tracer::consume() {
     sample_backlog();
     int a = ring_buffer__consume(rb_);
     if (a < 0) return a;
+    a += release_held();  // its lifecycle record is in now (or lost)
     budget_ = kEventSlice;
     int b = ring_buffer__consume(rb_events_);
     bool more = b == -EAGAIN;
@@ -1153,11 +1193,13 @@ int Tracer::consume() {
 // call began come after the lifecycle event anyway, and a ring that never
 // empties kept this loop here for good.
 void Tracer::drain_events() {
+  if (!release_held() && !held_.empty()) return;  // a later exec waits for its lifecycle record
   uint32_t saved = budget_;
   const uint64_t until = ring_pos_[1] ? __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) : 0;
   for (;;) {
     budget_ = 512;
     int n = ring_buffer__consume(rb_events_);
+    if (!held_.empty()) break;
     if (n != -EAGAIN || !ring_pos_[0] || __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE) >= until) break;
   }
   budget_ = saved;
@@ -1266,6 +1308,7 @@ void Tracer::log_pprof_round(const PprofDir::RoundStats& rs) {
 }
 
 void Tracer::report_final(int exit_code) {
+  release_held();
   retire_exited(true);  // exits still queued: their last records came with the final drain
   model_.finish_seals();
   // Mark the launched program's status (from waitpid: exact).
@@ -1469,7 +1512,7 @@ int Tracer::run() {
       metrics_->serve([this] { return metrics::snapshot_of(model_, drops(), {o_.faults, !system_wide_}); });
     // --faults: drain at least every 50 ms, so that faults on mappings made
     // before tracing are attributed from /proc/PID/maps while they exist.
-    if (o_.faults) ring_buffer__consume(rb_events_);
+    if (o_.faults && (release_held() || held_.empty())) ring_buffer__consume(rb_events_);
     if (n < 0 && n != -EINTR) {
       errors_.push_back(std::string("ring buffer poll: ") + strerror(-n));
       break;

@@ -93,6 +93,7 @@ class Tracer {
 
   // For the ring buffer callbacks.
   int on_event(void* data, size_t len);
+  void apply_event(void* data, size_t len);
   int on_proc_event(void* data, size_t len);
 
  private:
@@ -145,6 +146,9 @@ class Tracer {
   std::deque<Exited> exited_;
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   std::map<pid_t, uint64_t> exec_ids_;      // system-wide: each process's last exec's id
+  // System-wide: the new image's name, given to it when the events ring's
+  // MT_EV_EXEC is applied (a fork right after inherits it), by exec id.
+  std::map<pid_t, std::pair<uint64_t, std::string>> exec_comms_;
   void report_final(int exit_code);
   void log_pprof_round(const PprofDir::RoundStats& rs);  // -v
   report::Drops drops();
@@ -168,6 +172,15 @@ class Tracer {
   int consume();                  // drain both rings: records consumed, or -errno
   void drain_events();            // the whole events ring (inside a lifecycle callback)
   uint32_t budget_ = 0;           // events left in consume()'s slice (0: no limit)
+  // System-wide: an events-ring MT_EV_EXEC whose lifecycle record has not
+  // been handled waits for it (consumption stops there): the image that
+  // exec ends is sealed only when the lifecycle ring's records from before
+  // the exec are in (a forked child's parent's mappings: its exec's read,
+  // the kernel's MT_EV_MAPFILE records).
+  std::vector<char> held_;
+  uint64_t drain_bound_ = 0;      // drain_events inside a lifecycle record's callback: its time
+  std::set<std::pair<pid_t, uint64_t>> lifecycle_execs_;  // execs (pid, id) whose lifecycle record was handled
+  bool release_held();            // applies the held record, unless it comes after drain_bound_
   const uint64_t* ring_pos_[2] = {nullptr, nullptr};  // events ring: consumer, producer position
   uint64_t ring_peak_ = 0;        // bytes queued in it at most, seen at a consume()
   int poll(int timeout_ms);       // wait for either ring, then consume()

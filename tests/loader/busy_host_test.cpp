@@ -167,3 +167,156 @@ TEST_F(BusyHost, ProcessGoneBeforeItsMapsAreReadIsSymbolized) {
   EXPECT_TRUE(stack_has(*rn, 33, "leak_here")) << (*rn)["leaks"].dump();
   EXPECT_TRUE(stack_has(*rn, 33, "__libc_start_call_main")) << (*rn)["leaks"].dump();
 }
+
+namespace {
+
+// The leak group of p with one block of `bytes`, null if none.
+const json* leak_of(const json& p, long bytes) {
+  for (const auto& l : p["leaks"])
+    if (l["blocks"].get<long>() == 1 && l["bytes"].get<long>() == bytes) return &l;
+  return nullptr;
+}
+
+// Its stack's function names, innermost first ("?" for a frame without one).
+std::vector<std::string> functions(const json& leak) {
+  std::vector<std::string> out;
+  for (const auto& f : leak["stack"]) out.push_back(f.value("function", "?"));
+  return out;
+}
+
+std::string module_of(const json& leak, const std::string& function) {
+  for (const auto& f : leak["stack"])
+    if (f.value("function", "") == function) return f.value("module", "");
+  return "";
+}
+
+// gone_lib_user's leak: gone_lib_inner < gone_lib_outer < main, each in its file.
+void expect_gone_lib_leak(const json& p) {
+  const json* l = leak_of(p, 4321);
+  ASSERT_TRUE(l) << p["leaks"].dump();
+  auto fns = functions(*l);
+  ASSERT_GE(fns.size(), 3u) << l->dump();
+  EXPECT_EQ(fns[0], "gone_lib_inner") << l->dump();
+  EXPECT_EQ(fns[1], "gone_lib_outer") << l->dump();
+  EXPECT_EQ(fns[2], "main") << l->dump();
+  EXPECT_TRUE(module_of(*l, "gone_lib_inner").ends_with("/libmt_gone_inner_with_a_file_name_longer_than_records_keep.so"))
+      << l->dump();
+  EXPECT_TRUE(module_of(*l, "gone_lib_outer").ends_with("/libmt_gone_outer.so")) << l->dump();
+}
+
+}  // namespace
+
+// A process gone unread whose libraries no other process maps (a build's
+// cc1 with libisl, libmpc, ...): the kernel's record of each library mmap
+// carries the file's own name; the loader looks for it in the program's
+// RUNPATH ($ORIGIN here), ld.so.cache's and the default directories, and
+// takes a file only if its (dev, inode) are the record's. The inner
+// library's name is longer than the record keeps (found by its first 47
+// bytes). Live and in replay.
+TEST_F(BusyHost, GoneProcessLibrariesAreFoundByNameInItsRunpath) {
+  std::string rep = tmpfile("gonelib"), rec = tmpfile("gonelib-rec");
+  setenv("MEMTRACE_TEST_UNREADABLE_COMM", "gone_lib_user", 1);
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "5", "--record", rec});
+  unsetenv("MEMTRACE_TEST_UNREADABLE_COMM");
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  Child t = spawn({target("gone_lib_user")});
+  close(t.in);
+  std::string out = read_all(t.out);
+  close(t.out);
+  close(t.err);
+  ASSERT_EQ(wait_exit(t.pid), 0);
+  EXPECT_EQ(out, "gone_lib_user " + std::to_string(t.pid) + "\n");
+  sleep(1);
+  json j = stop_tool(m, rep, merr);
+  ASSERT_TRUE(j.is_object()) << merr;
+  const json& st = j["stats"];
+  std::cerr << "mappings_not_captured " << st["mappings_not_captured"] << ", from_kernel "
+            << st["mappings_from_kernel"] << ", unresolved " << st["mappings_from_kernel_unresolved"] << "\n";
+  const json* p = find_proc(j, t.pid);
+  ASSERT_TRUE(p) << j["processes"].size() << " processes";
+  expect_gone_lib_leak(*p);
+
+  ToolRun rp = run_argv({tool(), "replay", rec, "--format", "json", "--top", "5"});
+  unlink(rec.c_str());
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  json rj = json::parse(rp.out, nullptr, false);
+  const json* rn = find_proc(rj, t.pid);
+  ASSERT_TRUE(rn) << rp.err;
+  expect_gone_lib_leak(*rn);
+}
+
+namespace {
+
+// fork_exec traced system-wide (unread: the loader takes it for gone before
+// each read, MEMTRACE_TEST_UNREADABLE_COMM): each of its three images
+// (parent, the forked child before its exec, the child's new program) has
+// exactly its own allocations, and keeps one block from a function of its
+// own whose stack is named to __libc_start_call_main; no frame unmapped.
+void check_fork_exec(bool unread) {
+  std::string rep = tmpfile("forkexec");
+  if (unread) setenv("MEMTRACE_TEST_UNREADABLE_COMM", "fork_exec", 1);
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "10"});
+  unsetenv("MEMTRACE_TEST_UNREADABLE_COMM");
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  Child t = spawn({target("fork_exec")});
+  close(t.in);
+  std::string out = read_all(t.out);
+  close(t.out);
+  close(t.err);
+  ASSERT_EQ(wait_exit(t.pid), 0);
+  pid_t child = 0;
+  ASSERT_EQ(sscanf(out.c_str(), "fork_exec child %d", &child), 1) << out;
+  sleep(1);
+  json j = stop_tool(m, rep, merr);
+  ASSERT_TRUE(j.is_object()) << merr;
+
+  struct Want {
+    pid_t pid;
+    long image;  // exec_index; -1: the pid's last
+    long bytes;
+    const char* function;
+    long allocs, bytes_allocated, in_use_bytes;
+  };
+  // The parent: its last image (its first is the test's fork that exec'd
+  // it); it allocates its block and, after the child, stdout's buffer (a
+  // pipe: 4096 bytes). The forked child holds the parent's block too.
+  for (const Want& w : {Want{t.pid, -1, 1111, "parent_leak", 2, 1111 + 4096, 1111 + 4096},
+                        Want{child, 0, 2222, "child_leak", 1, 2222, 2222 + 1111},
+                        Want{child, 1, 3333, "exec_leak", 1, 3333, 3333}}) {
+    SCOPED_TRACE(w.function);
+    const json* p = w.image < 0 ? find_proc(j, w.pid) : nullptr;
+    for (const auto& q : j["processes"])
+      if (w.image >= 0 && q["pid"] == w.pid && q["exec_index"] == w.image) p = &q;
+    ASSERT_TRUE(p) << "pid " << w.pid << " image " << w.image << " not in the report";
+    EXPECT_EQ((*p)["comm"], "fork_exec");
+    EXPECT_EQ(u(*p, "allocs"), w.allocs);
+    EXPECT_EQ(u(*p, "bytes_allocated"), w.bytes_allocated);
+    EXPECT_EQ(u(*p, "in_use_bytes"), w.in_use_bytes);
+    const json* l = leak_of(*p, w.bytes);
+    ASSERT_TRUE(l) << (*p)["leaks"].dump();
+    auto fns = functions(*l);
+    ASSERT_GE(fns.size(), 3u) << l->dump();
+    EXPECT_EQ(fns[0], w.function) << l->dump();
+    EXPECT_EQ(fns[1], "main") << l->dump();
+    EXPECT_EQ(fns[2], "__libc_start_call_main") << l->dump();
+    for (const auto& lk : (*p)["leaks"])
+      for (const auto& f : lk["stack"]) EXPECT_NE(f.value("unknown", ""), "unmapped") << lk.dump();
+  }
+}
+
+}  // namespace
+
+// System-wide, a fork reaches the loader through the events ring (in order
+// with the allocations), the exec of either process through the lifecycle
+// ring (drained first): make and sh fork children that allocate once and
+// exec. The child's exec read before its fork record stays its image, and
+// the image a fork ends is sealed with its parent's mappings.
+TEST_F(BusyHost, ForkedChildThatExecsIsSymbolized) { check_fork_exec(false); }
+
+// The same with both processes gone before each read: the mappings come
+// from the kernel's records, and an image ended by an exec is sealed only
+// once the lifecycle records from before that exec are in (its parent's
+// program and libc).
+TEST_F(BusyHost, ForkedChildThatExecsIsSymbolizedWhenGoneUnread) { check_fork_exec(true); }
