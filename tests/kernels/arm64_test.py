@@ -426,6 +426,55 @@ echo "@@TARGET $trc"
 echo "@@END track.Attach $hrc"
 rm -f /tmp/s.json
 
+# Interrupting the attached helper (SIGTERM: it restores and detaches;
+# SIGKILL: its guardian does) leaves the script running on at full speed to
+# its normal end. SIGTERM comes while the script runs; SIGKILL while it is
+# blocked in read(2), as in singlestep_test.cpp: a thread in a fault stop
+# when its tracer dies gets that SIGSEGV from the kernel (docs/track.md).
+interrupt() {  # NAME SIGNAL [VAR=VALUE for the helper]
+  rm -f /tmp/in /tmp/i.out /tmp/i.ready /tmp/i.json
+  mkfifo /tmp/in
+  $SS --wait-stdin --spin 200000 < /tmp/in > /tmp/i.out 2>&1 &
+  tp=$!
+  exec 4>/tmp/in
+  waitfor /tmp/i.out ready
+  env $3 $TOOL track -p $tp --mode step --format json -o /tmp/i.json --symbol ss_region --ready-fd 5 \
+    5>/tmp/i.ready > /tmp/h.out 2>/tmp/h.err &
+  hp=$!
+  i=0
+  while [ ! -s /tmp/i.ready ] && [ $i -lt 600 ]; do i=$((i + 1)); usleep 100000; done
+  if [ $2 = KILL ]; then
+    kill -KILL $hp
+    wait $hp
+    hrc=$?
+    usleep 1500000  # the guardian restores
+    echo go >&4
+    exec 4>&-
+  else
+    echo go >&4
+    exec 4>&-
+    usleep 1500000
+    kill -$2 $hp
+    wait $hp
+    hrc=$?
+  fi
+  k0=$(cut -d' ' -f1 /proc/uptime)
+  wait $tp
+  trc=$?
+  k1=$(cut -d' ' -f1 /proc/uptime)
+  echo "@@BEGIN $1"
+  echo "@@RC $hrc $trc $k0 $k1"
+  grep -c "^T0 " /tmp/i.out
+  tail -1 /tmp/i.out
+  cat /tmp/i.json 2>/dev/null
+  echo "@@STDERR"
+  cat /tmp/h.err
+  echo "@@END $1 $hrc"
+}
+interrupt track.Sigterm TERM
+interrupt track.Sigkill KILL
+interrupt track.SigkillNoGuardian KILL MEMTRACE_SS_NO_GUARDIAN=1  # the control: what the guardian prevents
+
 # memtrace-bpf -p, -c and system-wide on alloc_rounds, which prints what one
 # round does (integration_test.cpp's AttachToRunningPid..., CommMode...,
 # SystemWideSeesProgramsItDidNotStart).
@@ -778,6 +827,52 @@ def bpf_two_result(sec, name, comm_only):
                             f"{p1['summary']['frees'] - p0['summary']['frees']}, bytes "
                             f"{p1['summary']['bytes_allocated'] - p0['summary']['bytes_allocated']} = 20 rounds "
                             f"exactly; {n} processes in the report")
+
+
+def interrupt_result(sec, name, want_rc, report):
+    """The helper interrupted mid-run (singlestep_test.cpp's
+    SigtermRestoresAndDetachesAttached, SigkillOfHelperGuardianRestores): the
+    helper's exit, the script's own end (exit 7, "done") and that it ran on
+    at full speed (the rest of 200,000 rounds in seconds, not hours of
+    faults); with SIGTERM a report whose stop_reason is signal. SIGKILL
+    comes before the script starts: without the guardian its first access
+    to the still-protected region would kill it with SIGSEGV."""
+    rc, body = sec.get(name, (None, ""))
+    m = re.search(r"^@@RC (\d+) (\d+) (\S+) (\S+)$", body, re.M)
+    if not m:
+        return False, body.strip()[-1000:]
+    hrc, trc, k0, k1 = int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))
+    out, _, err = body[m.end():].partition("@@STDERR\n")
+    why = ""
+    if hrc != want_rc:
+        why += f"helper exit {hrc} (want {want_rc}); "
+    if trc != 7 or "done" not in out:
+        why += f"script exit {trc}, output {out.strip()[:200]!r}; "
+    if k1 - k0 > 30:
+        why += f"the script took {k1 - k0:.0f} s more after the interrupt; "
+    n = 0
+    if report:
+        try:
+            j = json.loads(out[out.index("{"):])
+            n = len(j["accesses"])
+            if j.get("stop_reason") != "signal" or not n:
+                why += f"stop_reason {j.get('stop_reason')}, {n} accesses; "
+        except ValueError:
+            why += "no report; "
+    if why:
+        return False, why + err.strip()[-500:]
+    return True, (f"helper exit {hrc}, script exit 7 and done {k1 - k0:.1f} s after the "
+                  + ("interrupt" if report else "go")
+                  + (f"; {n} accesses recorded before, stop_reason signal" if report else ", restored by the guardian"))
+
+
+def no_guardian_result(sec):
+    """The control of the guardian test: without it the region stays
+    protected and the script's first access kills it with SIGSEGV."""
+    rc, body = sec.get("track.SigkillNoGuardian", (None, ""))
+    m = re.search(r"^@@RC (\d+) (\d+) ", body, re.M)
+    ok = bool(m) and m.group(1) == "137" and m.group(2) == str(128 + 11)
+    return ok, (f"helper exit 137, script exit 139 (SIGSEGV)" if ok else body.strip()[-1000:])
 
 
 def capi_result(sec):
@@ -1143,6 +1238,9 @@ def cmd_test(a):
     rows.append(("track.AllocsPerBlockCountsFromCallSite", *allocs_result(sec)))
     rows.append(("track.HardwareWatchpointPath", *hw_result(sec)))
     rows.append(("track.AttachExact", *track_result(sec, "track.Attach", ["read(2) into region ok"], attach=True)))
+    rows.append(("track.SigtermRestoresAndDetachesAttached", *interrupt_result(sec, "track.Sigterm", 0, True)))
+    rows.append(("track.SigkillOfHelperGuardianRestores", *interrupt_result(sec, "track.Sigkill", 137, False)))
+    rows.append(("track.SigkillWithoutGuardianKillsTheScript", *no_guardian_result(sec)))
     rows.append(("bpf.AttachCountsOnlyAfterAttach", *bpf_attach_result(sec)))
     rows.append(("bpf.CommCountsProcessesStartedLater", *bpf_two_result(sec, "bpf.Comm", True)))
     rows.append(("bpf.SystemWideSeesProgramsItDidNotStart", *bpf_two_result(sec, "bpf.SystemWide", False)))

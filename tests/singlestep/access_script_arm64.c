@@ -11,11 +11,13 @@
 // instruction, so the compiler adds none.
 //
 // Usage: access_script_arm64 [--threads N (at most 4)] [--rounds R] [--exclusive]
-//        [--wait-stdin] [--hw N] [--signals]
+//        [--wait-stdin] [--hw N] [--signals] [--spin N]
 // Lines: "T<thread> <+off|-off> <size> <read|write|read-write>"; exit 7.
 // --wait-stdin: print "ready" and wait for a line first (attach tests).
 // --hw N: N rounds of a store and two loads on ss_word alone, "W +0 8 ..."
 // lines (the hardware watchpoint path: the watched word's size).
+// --spin N: N more rounds of region accesses after the script, not logged
+// (the interrupt tests).
 // --signals: access_script.c's signals_script (its own signals, genuine
 // SIGSEGVs its handler recovers from, a region access in a handler).
 #define _GNU_SOURCE
@@ -269,11 +271,12 @@ __attribute__((noinline)) static void* thread_script(void* arg) {
 }
 
 int main(int argc, char** argv) {
-  int threads = 0, wait_stdin = 0;
+  int threads = 0, wait_stdin = 0, spin = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
     else if (!strcmp(argv[i], "--signals")) return signals_script();
+    else if (!strcmp(argv[i], "--spin") && i + 1 < argc) spin = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--hw") && i + 1 < argc) { hw_script(atoi(argv[++i])); printf("done\n"); return 7; }
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--exclusive")) exclusive = 1;
@@ -291,6 +294,7 @@ int main(int argc, char** argv) {
     if (!fgets(line, sizeof line, stdin)) return 5;
   }
   script_single();
+  for (int k = 0; k < spin; k++) { st64(ss_region + 900, (uint64_t)k); sink += ld32(ss_region + 904); sink += ldadd64(ss_region + 912, 1); }
   if (threads > 0) {
     pthread_t th[4];
     for (int t = 0; t < threads; t++) pthread_create(&th[t], NULL, thread_script, (void*)(intptr_t)t);
