@@ -124,6 +124,13 @@ class StoppedProcess {
     if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) return Error::sys("ptrace(PTRACE_INTERRUPT)");
     return wait_interrupted(tid);
   }
+  // tid let go (detached, its pending signal handed back).
+  void release(pid_t tid) {
+    auto it = threads_.find(tid);
+    if (it == threads_.end()) return;
+    ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(intptr_t(it->second)));
+    threads_.erase(it);
+  }
   size_t count() const { return threads_.size(); }
   // A signal for tid that arrived during the call: handed back at detach.
   void keep_signal(pid_t tid, int sig) {
@@ -367,7 +374,7 @@ std::string busy_reason(pid_t tid, int mem, const BusyCode& busy, const std::vec
   uint64_t sp = regs.rsp, end = sp;
   for (const auto& m : maps)
     if (sp >= m.start && sp < m.end) end = std::min<uint64_t>(m.end, sp + (32 << 10));
-  if (end <= sp) return "";
+  if (end <= sp) return where("stack pointer", sp) + " (no mapping known)";
   std::vector<uint64_t> words((end - sp) / 8);
   ssize_t n = pread(mem, words.data(), words.size() * 8, static_cast<off_t>(sp));
   for (ssize_t i = 0; i < n / 8; i++)
@@ -380,7 +387,11 @@ uint64_t micros_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
-constexpr int kBusyTries = 100;  // runs of 0.2 ms, 0.25, ... 5.15 ms between them: ~0.3 s in all
+// The main thread: runs of 0.2 ms, 0.25, ... 2.15 ms between its stops
+// (~50 ms in all); then each other thread, in up to 40 rounds 0.5-10 ms
+// apart (~0.2 s).
+constexpr int kMainTries = 40;
+constexpr int kOtherRounds = 40;
 
 }  // namespace
 
@@ -532,24 +543,28 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms, const std::function<void()
 
 namespace {
 
-// fn(str, or arg0 if none, arg1) called on pid's main thread, or on held's
-// (stopped by hold_at_entry); post(process, /proc/PID/mem, rax) makes the
-// result. where: what the errors say it was.
+// fn(str, or arg0 if none, arg1) called on a thread of pid that holds no
+// lock it could need, or on held's (stopped by hold_at_entry); post(process,
+// the thread, /proc/PID/mem, rax) makes the result. where: what the errors
+// say it was.
 Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, const std::string* str, uint64_t arg1,
                               LoadStats* stats, int timeout_ms, StoppedProcess* held,
-                              const std::function<Result<uint64_t>(StoppedProcess&, int, uint64_t)>& post) {
+                              const std::function<Result<uint64_t>(StoppedProcess&, pid_t, int, uint64_t)>& post) {
   auto t0 = std::chrono::steady_clock::now();
   Result<uint64_t> out = uint64_t{0};
   {
     Fd mem(open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC));
     if (!mem.valid()) return Error::sys(where + ": open /proc/" + std::to_string(pid) + "/mem");
     std::optional<StoppedProcess> own;
+    pid_t caller = pid;
     if (!held) {
-      // Only the main thread is stopped: it makes the call while the others
-      // run on, so a lock one of them holds (the loader's, an arena's) is
-      // released as it would be. The main thread itself must hold none:
-      // while its pc or a return address on its stack is in code that takes
-      // them, it runs a little more and is stopped again (issue 21, item 8).
+      // Only the calling thread is stopped: it makes the call while the
+      // others run on, so a lock one of them holds (the loader's, an
+      // arena's) is released as it would be. The caller itself must hold
+      // none: while the main thread's pc or a return address on its stack
+      // is in code that takes them, it runs a little more and is stopped
+      // again; then each other thread is tried in turn, stopped alone
+      // (issue 21, item 8).
       own.emplace(pid);
       if (auto r = own->stop_one(pid); !r) return Error{where + ": " + r.error().message, r.error().err};
 #if defined(__x86_64__)
@@ -559,25 +574,48 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
       if (!maps) return Error{where + ": " + maps.error().message, maps.error().err};
       std::string why;
       int tries = 0;
-      for (; tries < kBusyTries; tries++) {
+      for (; tries < kMainTries; tries++) {
         why = busy_reason(pid, mem.get(), *busy, *maps);
         if (why.empty()) break;
         if (auto r = own->run_briefly(pid, 200 + 50 * tries); !r) return Error{where + ": " + r.error().message, r.error().err};
       }
+      if (!why.empty()) {
+        own->release(pid);  // it may hold the lock: it runs while another thread calls
+        caller = 0;
+        for (int round = 0; round < kOtherRounds && !caller; round++) {
+          if (auto m = procfs::read_maps(pid)) maps = std::move(m);  // threads started since: their stacks
+          for (pid_t tid : task_ids(pid)) {
+            if (tid == pid) continue;
+            if (!own->stop_one(tid)) {
+              own->release(tid);
+              continue;
+            }
+            tries++;
+            why = busy_reason(tid, mem.get(), *busy, *maps);
+            if (why.empty()) {
+              caller = tid;
+              break;
+            }
+            own->release(tid);
+          }
+          if (!caller) std::this_thread::sleep_for(std::chrono::microseconds(500 + 250 * round));
+        }
+      }
       if (stats) stats->busy_retries = static_cast<uint64_t>(tries);
-      if (!why.empty())
-        return Error::msg(where + ": its main thread was inside the dynamic loader or the allocator at each of " +
-                          std::to_string(kBusyTries) + " stops over " + std::to_string(micros_since(t0) / 1000) +
+      if (!caller)
+        return Error::msg(where + ": its threads were inside the dynamic loader or the allocator at each of " +
+                          std::to_string(tries) + " stops over " + std::to_string(micros_since(t0) / 1000) +
                           " ms (last: " + why + "): a lock the call needs could be held, not injected");
 #endif
     }
     StoppedProcess& sp = held ? *held : *own;
     if (stats) stats->threads = sp.count();
+    if (stats) stats->caller = caller;
     auto t1 = std::chrono::steady_clock::now();
-    auto h = remote_call(sp, pid, mem.get(), fn, str, 0, arg1, timeout_ms);
+    auto h = remote_call(sp, caller, mem.get(), fn, str, 0, arg1, timeout_ms);
     if (stats) stats->call_us = micros_since(t1);
     if (!h) out = Error{where + ": " + h.error().message, h.error().err};
-    else out = post(sp, mem.get(), *h);
+    else out = post(sp, caller, mem.get(), *h);
     sp.resend_extra();
   }
   if (stats) stats->stopped_us = micros_since(t0);
@@ -593,11 +631,11 @@ Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* sta
   if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
   auto dlerr = libc_function(pid, "dlerror");
   return call_on_main(pid, where, *dl, &path, RTLD_NOW, stats, timeout_ms, held,
-                      [&](StoppedProcess& sp, int mem, uint64_t h) -> Result<uint64_t> {
+                      [&](StoppedProcess& sp, pid_t tid, int mem, uint64_t h) -> Result<uint64_t> {
                         if (h) return h;
                         std::string why = "dlopen returned NULL";
                         if (dlerr) {
-                          auto msg = remote_call(sp, pid, mem, *dlerr, nullptr, 0, 0, timeout_ms);
+                          auto msg = remote_call(sp, tid, mem, *dlerr, nullptr, 0, 0, timeout_ms);
                           if (msg && *msg) {
                             char buf[512] = {0};
                             if (pread(mem, buf, sizeof buf - 1, static_cast<off_t>(*msg)) > 0) why = buf;
@@ -624,7 +662,7 @@ Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* s
                       " loaded by an earlier --inject, without memtrace_agent_attach (an older build): " +
                       fn.error().message);
   return call_on_main(pid, where, *fn, nullptr, 0, stats, timeout_ms, held,
-                      [](StoppedProcess&, int, uint64_t r) -> Result<uint64_t> { return r & 0xffffffff; });
+                      [](StoppedProcess&, pid_t, int, uint64_t r) -> Result<uint64_t> { return r & 0xffffffff; });
 }
 
 }  // namespace memtrace::inject

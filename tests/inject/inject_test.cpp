@@ -610,6 +610,7 @@ void storm_attach(int i, int* injected, int* refused) {
     return;
   }
   ++*injected;
+  if ((*s)->load_stats().caller != pid) std::cerr << "attach " << i << ": called on thread " << (*s)->load_stats().caller << "\n";
   heap::HeapModel model;
   Span before, after;
   bool in = false, done = false;
@@ -666,13 +667,15 @@ void storm_attach(int i, int* injected, int* refused) {
 // thread holds. lock_storm's threads are inside malloc/free and
 // dlopen/dlclose most of the time, its main thread (the one that makes the
 // call) too; 16 attaches in a row, each injected with exact counts or
-// refused with the reason, each within 3 s.
+// refused with the reason, each within 3 s; nearly all injected.
 TEST(Inject, NoDeadlockAttachingInsideLoaderAndAllocator) {
   MEMTRACE_REQUIRE_ROOT();
   int injected = 0, refused = 0;
   for (int i = 0; i < 16; i++) storm_attach(i, &injected, &refused);
   std::cerr << "lock_storm: " << injected << " injected, " << refused << " refused\n";
-  EXPECT_GT(injected, 0);
+  // Another thread makes the call when the main one stays busy: 64 of 64
+  // injected in 4 runs here (10-15 of 16 with the main thread alone).
+  EXPECT_GE(injected, 12);
 }
 
 // Issue 21, item 7: a launched program's allocations before its entry point
