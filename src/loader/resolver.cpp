@@ -134,9 +134,15 @@ void Resolver::note_paths(const std::vector<procfs::Mapping>* maps) {
 
 void Resolver::after_read(pid_t pid, Image& im, bool ok) {
   im.gone = !ok;
+  // Given even after a good read: where the read has code they are
+  // skipped (give), and a read that came after the next exec has not
+  // this image's libraries.
+  flush(pid, im);
+}
+
+void Resolver::flush(pid_t pid, Image& im) {
   std::vector<KernelMapping> pending = std::move(im.pending);
   im.pending.clear();
-  if (ok) return;  // the read has them
   for (const auto& k : pending) give(pid, im, k);
 }
 
@@ -195,23 +201,24 @@ void Resolver::exited(pid_t pid) {
 // kernel told since its last read goes to its space.
 void Resolver::ended(pid_t pid, Image& im) {
   im.gone = true;
-  std::vector<KernelMapping> pending = std::move(im.pending);
-  im.pending.clear();
-  for (const auto& k : pending) give(pid, im, k);
+  flush(pid, im);
 }
 
 void Resolver::give(pid_t pid, Image& im, const KernelMapping& k) {
+  // Not where the space has code already (a read that came after the
+  // mapping: the same mapping); nor looked for then (the program's
+  // start_code read: its ld.so was mapped with it).
+  auto have = sym_.location_ranges(im.node->as);
+  auto covered = [&](uint64_t lo, uint64_t hi) {
+    return std::any_of(have.begin(), have.end(), [&](const auto& r) { return r.start < hi && lo < r.end; });
+  };
+  if (k.start && covered(k.start, k.exe ? k.start + 1 : k.end)) return;
   std::vector<procfs::Mapping> maps = mappings_of(k, im);
   if (maps.empty()) {
-    kernel_unresolved_++;
+    if (im.gone) kernel_unresolved_++;  // (a read image's: what its read did not cover, uncounted)
     return;
   }
-  // Not where the space has code already (a read that came after the
-  // mapping while the loader was behind: the same mapping).
-  auto have = sym_.location_ranges(im.node->as);
-  std::erase_if(maps, [&](const procfs::Mapping& m) {
-    return std::any_of(have.begin(), have.end(), [&](const auto& r) { return r.start < m.end && m.start < r.end; });
-  });
+  std::erase_if(maps, [&](const procfs::Mapping& m) { return covered(m.start, m.end); });
   if (maps.empty()) return;
   for (const auto& m : maps) sym_.add_mapping(im.node->as, m, m.path);
   kernel_given_ += maps.size();
@@ -436,6 +443,9 @@ void Resolver::forked(pid_t parent, pid_t child, uint64_t fork_ts) {
   std::erase_if(v, [&](const Image& im) { return im.exec_id ? im.exec_id < fork_ts : im.since < fork_ts; });
   if (v.empty() || v.front().exec_id) v.insert(v.begin(), Image{0, std::make_shared<SpaceNode>()});
   Image& first = v.front();
+  // The child may end (exec) before the parent's image is read: what the
+  // kernel told of the parent's mappings goes to its space now.
+  if (from) flush(parent, const_cast<Image&>(*from));
   if (from) {
     first.node->parent = from->node;
     if (!first.exe.exe) {
@@ -447,16 +457,26 @@ void Resolver::forked(pid_t parent, pid_t child, uint64_t fork_ts) {
 
 void Resolver::forget(pid_t pid) { images_.erase(pid); }
 
-const SpaceNode* Resolver::node_of(const heap::Process& p) const {
+const Resolver::Image* Resolver::image_of(const heap::Process& p) const {
   auto it = images_.find(p.pid);
   if (it == images_.end() || it->second.empty()) return nullptr;
   const Image* best = &it->second.front();
   for (const Image& im : it->second)  // exec ids are times: increasing
     if (im.exec_id <= p.exec_ts) best = &im;
-  return best->node.get();
+  return best;
 }
 
-heap::ImageMap Resolver::map_of(const heap::Process& p) { return image_map(sym_, node_of(p)); }
+const SpaceNode* Resolver::node_of(const heap::Process& p) const {
+  const Image* im = image_of(p);
+  return im ? im->node.get() : nullptr;
+}
+
+heap::ImageMap Resolver::map_of(const heap::Process& p) {
+  // p's image ended (it is being sealed): what the kernel told since its
+  // last read is all there will be.
+  if (const Image* im = image_of(p)) ended(p.pid, const_cast<Image&>(*im));
+  return image_map(sym_, node_of(p));
+}
 
 heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
   heap::ImageMap m;

@@ -116,7 +116,8 @@ class Resolver {
   // read has it), or failed (gives it to the space).
   void after_read(pid_t pid, Image& im, bool ok);
   void give(pid_t pid, Image& im, const KernelMapping& k);
-  void ended(pid_t pid, Image& im);
+  void ended(pid_t pid, Image& im);   // im will not be read again: gone, pending given
+  void flush(pid_t pid, Image& im);   // its pending records given now
   std::vector<procfs::Mapping> mappings_of(const KernelMapping& k, Image& im);
   // A library record's file by its name: in the program's RUNPATH/RPATH,
   // ld.so.cache's and ld.so's default directories, the directories other
@@ -126,6 +127,7 @@ class Resolver {
   void note_paths(const std::vector<procfs::Mapping>* maps);
   // pid's image p lives in (by exec id; else the newest older one; else its first).
   const SpaceNode* node_of(const heap::Process& p) const;
+  const Image* image_of(const heap::Process& p) const;
   SpaceNode& current(pid_t pid);
   void read(SpaceNode& n, pid_t pid, const std::vector<procfs::Mapping>* maps, bool first_of_image);
 
