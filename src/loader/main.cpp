@@ -156,10 +156,12 @@ int main(int argc, char** argv) {
   if (o.trace_faults || o.rearm_ms > 0) o.faults = true;
 #if defined(__aarch64__)
   // Not written for arm64 yet (docs/arm64.md): one line, exit 2.
-  // --faults and --trace-faults work (a kprobe on handle_mm_fault); --rearm
-  // needs the single-step helper's page mode.
+  // --faults and --trace-faults work (a kprobe on handle_mm_fault), and so
+  // does the single-step helper's page mode; but --rearm's faults are access
+  // errors, which end in SIGSEGV before handle_mm_fault is called.
   if (o.rearm_ms > 0) {
-    std::cerr << "memtrace-bpf: not supported on aarch64 yet: --rearm (it needs the single-step helper)\n";
+    std::cerr << "memtrace-bpf: not supported on aarch64 yet: --rearm (the arm64 fault hook, a kprobe on "
+                 "handle_mm_fault, does not see the access errors it makes)\n";
     return 2;
   }
 #endif
