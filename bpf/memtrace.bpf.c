@@ -94,6 +94,14 @@ static __always_inline __u64 task_pid_tgid(mt_task_t t)
 {
 	return (__u64)(__u32)t->tgid << 32 | (__u32)t->pid;
 }
+
+/* Where the main thread's stack starts (the CFI walk's upper bound): direct
+ * BTF loads from the task the program has. */
+static __always_inline __u64 task_start_stack(mt_task_t t)
+{
+	struct mm_struct *mm = t->mm;
+	return mm ? mm->start_stack : 0;
+}
 #else
 /* No task storage in tracing programs before 5.11: a hash keyed by tid,
  * preallocated (no allocation in the probe), its entry deleted when the
@@ -121,6 +129,7 @@ static __always_inline struct mt_inflight *inflight_of(mt_task_t task, __u64 cre
 }
 
 static __always_inline __u64 task_pid_tgid(mt_task_t t) { return bpf_get_current_pid_tgid(); }
+static __always_inline __u64 task_start_stack(mt_task_t t) { return 0; } /* (no CFI walk) */
 #endif
 
 static __always_inline struct mt_inflight *inflight_get(__u64 create)
@@ -199,10 +208,28 @@ static __always_inline void count(__u32 c)
 		*v += 1;
 }
 
+/* Wake-up policy of the events ring: the loader polls every 50 ms anyway;
+ * a wake-up is forced only when a good batch is waiting. Asking the ring
+ * how much is queued is a helper call (each call and return costs ~25 ns
+ * in this VM: the return thunk), so it is asked once every
+ * MT_WAKE_CHECK_EVERY records of a CPU, not for each. The per-CPU tick is
+ * an inlined array access from 6.10 on (a helper call before: no worse
+ * than the query it saves). */
+#define MT_WAKE_CHECK_EVERY 64 /* power of 2 */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} rb_tick SEC(".maps");
+
 static __always_inline __u64 rb_flags(void)
 {
-	/* Adaptive wake-up: the loader polls with a short timeout anyway; only
-	 * wake it when a good batch is waiting. */
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&rb_tick, &zero);
+
+	if (t && (++*t & (MT_WAKE_CHECK_EVERY - 1)))
+		return BPF_RB_NO_WAKEUP;
 	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 									    : BPF_RB_NO_WAKEUP;
 }
@@ -407,7 +434,7 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	 * instructions verified, 320k before). */
 	{
 		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = sp, .bp = PT_REGS_FP(ctx),
-				     .tgid = pid_tgid >> 32,
+				     .tgid = pid_tgid >> 32, .start_stack = task_start_stack(task),
 #ifdef __TARGET_ARCH_arm64
 				     .lr = PT_REGS_RET(ctx),
 #endif
@@ -503,11 +530,16 @@ int mt_alloc_exit(struct pt_regs *ctx)
 
 	if (!cur || cur->depth == 0)
 		return 0;
-#ifndef MT_COMPAT
-	if (from_old_image(task, cur, bpf_get_attach_cookie(ctx)))
-		return 0;
-#endif
 	if (cur->depth > 1) {
+		/* An old image's return probe (MT_COOKIE_IMAGE_SHIFT) fires
+		 * beside the current one's until the loader has closed it:
+		 * only a nested call's count could be taken down twice. At
+		 * depth 1 the first of the two emits and the other finds
+		 * depth 0, so the cookie (a helper call) is asked only here. */
+#ifndef MT_COMPAT
+		if (from_old_image(task, cur, bpf_get_attach_cookie(ctx)))
+			return 0;
+#endif
 		cur->depth--;
 		return 0;
 	}
@@ -570,7 +602,8 @@ static __always_inline void save_args(__u64 pid_tgid, __u64 a0, __u64 a1, __u64 
 static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 {
 #ifndef MT_COMPAT
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
 #else
 	/* No bpf_task_pt_regs before 5.15: task_pt_regs(), the top of the
 	 * task's kernel stack (THREAD_SIZE 16 KiB: kernels without KASAN), on
@@ -582,6 +615,9 @@ static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 			     .sp = PT_REGS_SP_CORE(regs),
 			     .bp = PT_REGS_FP_CORE(regs),
 			     .tgid = pid_tgid >> 32,
+#ifndef MT_COMPAT
+			     .start_stack = task_start_stack(t),
+#endif
 #ifdef __TARGET_ARCH_arm64
 			     /* x30: the CFI walk's first return address in a leaf or a .plt stub */
 			     .lr = PT_REGS_RET_CORE(regs),

@@ -1099,6 +1099,8 @@ struct mt_uregs {
 	__u64 ip, sp, bp;
 	__u32 tgid; /* of the current task */
 	__u32 pad;
+	__u64 start_stack; /* current->mm->start_stack (0: unknown), read by
+			    * the caller from the task it has (no helper call) */
 #ifdef __TARGET_ARCH_arm64
 	__u64 lr; /* x30: the return address at a function's entry */
 #endif
@@ -1412,13 +1414,7 @@ static __always_inline int mt_unwind_cfi(const struct mt_uregs *r, int ret_at,
 	__builtin_memset(k, 0, sizeof(*k));
 	win->len = 0; /* nothing of this stack read yet */
 	win->floor = r->sp;
-	{
-		/* direct BTF loads (no probe_read helper calls) */
-		struct task_struct *t = bpf_get_current_task_btf();
-		struct mm_struct *mm = t->mm;
-		__u64 ss = mm ? mm->start_stack : 0;
-		win->top = ss > r->sp ? (ss + 4095) & ~4095ULL : 0;
-	}
+	win->top = r->start_stack > r->sp ? (r->start_stack + 4095) & ~4095ULL : 0;
 	io->exact_pc = (__u32)ret_at >> 31; /* not an entry probe: pc is exact */
 	io->sp = r->sp;
 	io->bp = r->bp;

@@ -52,8 +52,10 @@ int BPF_KPROBE(on_malloc, __u64 size)
 	if (!s)
 		return 0;
 	{
+		struct task_struct *t = bpf_get_current_task_btf();
+		struct mm_struct *mm = t->mm;
 		struct mt_uregs r = {.ip = PT_REGS_IP(ctx), .sp = PT_REGS_SP(ctx), .bp = PT_REGS_FP(ctx),
-				     .tgid = pid_tgid >> 32};
+				     .tgid = pid_tgid >> 32, .start_stack = mm ? mm->start_stack : 0};
 		flags = mt_capture_stack(&r, 0, s);
 	}
 	id = mt_stack_hash(s) ^ flags;
