@@ -635,7 +635,11 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
 Result<void> Tracer::setup_targets() {
   if (system_wide_) {
     scan_system_allocators();
-    if (system_probes_.empty()) return Error::msg("no process on this system maps a known allocator");
+    // A machine (a container, a small guest) where nothing running maps an
+    // allocator yet: the programs that start later get their probes at exec.
+    if (system_probes_.empty())
+      std::cerr << "memtrace-bpf: no running process maps a known allocator yet; programs that start are "
+                   "traced from their exec\n";
     return {};
   }
   for (pid_t pid : o_.pids) {
