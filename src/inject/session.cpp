@@ -266,42 +266,48 @@ void Session::start_copier(size_t max_backlog) {
 }
 
 void Session::copier() {
-  std::vector<char> cur;
+  // Under ring_mu_, as is everything that touches cur_: a flushing drain
+  // holds it, and so sees every record taken out of the ring either in
+  // chunks_ or in cur_, never in between (in flight here, applied later:
+  // after its process's exit, into a new image of the same pid).
   auto push = [&] {
-    if (cur.empty()) return;
-    size_t b = cur.size();
+    if (cur_.empty()) return;
+    size_t b = cur_.size();
     std::lock_guard<std::mutex> g(mu_);
-    chunks_.push_back(std::move(cur));
+    chunks_.push_back(std::move(cur_));
     size_t q = queued_.fetch_add(b, std::memory_order_relaxed) + b;
     if (q > backlog_peak_) backlog_peak_ = q;
-    cur.clear();
+    cur_.clear();
     if (!spare_.empty()) {
-      cur = std::move(spare_.back());
+      cur_ = std::move(spare_.back());
       spare_.pop_back();
     }
   };
   while (!stop_.load(std::memory_order_relaxed)) {
     ring_->heartbeat();  // also while the backlog is at its cap: the writers wait, not drop
     size_t got = 0;
-    if (queued_.load(std::memory_order_relaxed) < max_backlog_) {
+    {
       std::lock_guard<std::mutex> g(ring_mu_);
-      if (cur.capacity() < kChunkBytes) cur.reserve(kChunkBytes);
-      // At most a chunk's worth at a time (records of 32-1064 bytes).
-      got = ring_->drain(
-          [&](const void* d, size_t n) {
-            uint32_t len = static_cast<uint32_t>(n);
-            size_t at = cur.size();
-            cur.resize(at + sizeof len + n);
-            memcpy(cur.data() + at, &len, sizeof len);
-            memcpy(cur.data() + at + sizeof len, d, n);
-          },
-          kChunkBytes / 64, false);
+      if (queued_.load(std::memory_order_relaxed) < max_backlog_) {
+        if (cur_.capacity() < kChunkBytes) cur_.reserve(kChunkBytes);
+        // At most a chunk's worth at a time (records of 32-1064 bytes).
+        got = ring_->drain(
+            [&](const void* d, size_t n) {
+              uint32_t len = static_cast<uint32_t>(n);
+              size_t at = cur_.size();
+              cur_.resize(at + sizeof len + n);
+              memcpy(cur_.data() + at, &len, sizeof len);
+              memcpy(cur_.data() + at + sizeof len, d, n);
+            },
+            kChunkBytes / 64, false);
+      }
+      if (cur_.size() >= kChunkBytes / 2 || (got == 0 && !cur_.empty())) push();
     }
-    if (cur.size() >= kChunkBytes / 2 || (got == 0 && !cur.empty())) push();
     // Nothing there, or the model that far behind: 0.5 ms (a 64 MiB ring
     // takes ~1 M records, ~0.2 s of W1's fastest writing).
     if (got == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
+  std::lock_guard<std::mutex> g(ring_mu_);
   push();
 }
 
@@ -323,14 +329,7 @@ size_t Session::drain(const std::function<void(const void*, size_t)>& fn, size_t
   size_t n = 0;
   mt_event ev{};
   uint32_t pid = ring_->hdr().pid;
-  for (size_t taken = 0; flush || taken < kChunksPerDrain; taken++) {
-    std::vector<char> c;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      if (chunks_.empty()) break;
-      c = std::move(chunks_.front());
-      chunks_.pop_front();
-    }
+  auto emit = [&](const std::vector<char>& c) {
     for (size_t at = 0; at + sizeof(uint32_t) <= c.size();) {
       uint32_t len;
       memcpy(&len, c.data() + at, sizeof len);
@@ -348,6 +347,16 @@ size_t Session::drain(const std::function<void(const void*, size_t)>& fn, size_t
       n++;
       at += sizeof len + len;
     }
+  };
+  for (size_t taken = 0; flush || taken < kChunksPerDrain; taken++) {
+    std::vector<char> c;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (chunks_.empty()) break;
+      c = std::move(chunks_.front());
+      chunks_.pop_front();
+    }
+    emit(c);
     size_t b = c.size();
     c.clear();
     std::lock_guard<std::mutex> g(mu_);
@@ -357,6 +366,10 @@ size_t Session::drain(const std::function<void(const void*, size_t)>& fn, size_t
     if (spare_.size() < 64) spare_.push_back(std::move(c));
   }
   if (flush) {
+    // The copier's chunk in the making (taken out of the ring after every
+    // chunk above, before the ring's rest), then the ring's rest.
+    emit(cur_);
+    cur_.clear();
     ring_->heartbeat();
     n += ring_->drain(fn);
   }

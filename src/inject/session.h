@@ -116,6 +116,9 @@ class Session {
   std::mutex ring_mu_;  // one consumer of the ring at a time
   std::mutex mu_;       // chunks_, spare_
   std::deque<std::vector<char>> chunks_;
+  // The chunk the copier is filling (ring_mu_): records already taken out
+  // of the ring, not yet in chunks_; a flush takes them too, in order.
+  std::vector<char> cur_;
   std::vector<std::vector<char>> spare_;
   std::atomic<size_t> queued_{0};  // bytes in chunks_
   size_t max_backlog_ = 0;
