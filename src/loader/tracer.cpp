@@ -408,14 +408,6 @@ void Tracer::on_map_event(const mt_map_event& e) {
   k.path.assign(e.path, strnlen(e.path, sizeof e.path));
   k.name_cut = !e.is_exe && k.path.size() == MT_MAP_NAME_LEN - 1;  // the name's first 47 bytes
   resolver_.kernel_mapped(e.h.pid, k);
-  // A file no process was read with yet: the exec's read came before ld.so
-  // mapped the libraries, so an allocator only new processes map (the first
-  // dynamic program on a machine without one running, a container's own
-  // libc) would get no probes. One read of the process per such file; a
-  // process already gone leaves the file for the next one that maps it.
-  if (!e.is_exe && !mapped_files_read_.count({k.dev, k.inode}) &&
-      scan_system_allocators(static_cast<pid_t>(e.h.pid), 0) > 0)
-    mapped_files_read_.insert({k.dev, k.inode});
 }
 
 void Tracer::process_gone(pid_t pid, int exit_code) {
@@ -572,8 +564,7 @@ void Tracer::read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id) {
   scan_system_allocators(pid, exec_id);
 }
 
-size_t Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
-  size_t read = 0;
+void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
   if (self_exe_.second == 0) {
     struct stat st {};
     if (stat("/proc/self/exe", &st) == 0) self_exe_ = {static_cast<uint64_t>(st.st_dev), st.st_ino};
@@ -595,7 +586,6 @@ size_t Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
       if (only > 0) exec_id ? resolver_.exec(pid, exec_id) : resolver_.capture(pid);
       continue;
     }
-    read++;
     if (only <= 0)
       if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
     // Mappings for symbolization, while it lives (the read above: one per event).
@@ -640,17 +630,12 @@ size_t Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
     log("attached system-wide to " + where.path);
     system_probes_[key] = std::move(*set);
   }
-  return read;
 }
 
 Result<void> Tracer::setup_targets() {
   if (system_wide_) {
     scan_system_allocators();
-    // A machine (a container, a small guest) where nothing running maps an
-    // allocator yet: the programs that start later get their probes at exec.
-    if (system_probes_.empty())
-      std::cerr << "memtrace-bpf: no running process maps a known allocator yet; programs that start are "
-                   "traced from their exec\n";
+    if (system_probes_.empty()) return Error::msg("no process on this system maps a known allocator");
     return {};
   }
   for (pid_t pid : o_.pids) {

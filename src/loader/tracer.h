@@ -128,8 +128,7 @@ class Tracer {
   void set_target_state(pid_t pid, uint32_t state, uint32_t follow);
   void resume(pid_t pid);
   uint32_t image_of(pid_t pid);
-  // Returns how many processes' maps it read.
-  size_t scan_system_allocators(pid_t only = -1, uint64_t exec_id = 0);
+  void scan_system_allocators(pid_t only = -1, uint64_t exec_id = 0);
   // System-wide exec (exec_id: the exec's id, heap::Process::exec_ts) or new code (0).
   void read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id);
   // Every so often: raw stacks of ended images dropped, and BPF told to send them again.
@@ -147,10 +146,6 @@ class Tracer {
   std::deque<Exited> exited_;
   std::map<pid_t, uint64_t> last_read_ns_;  // when each process's mappings were last read
   std::map<pid_t, uint64_t> exec_ids_;      // system-wide: each process's last exec's id
-  // System-wide: executable files (dev, inode) a process was read after
-  // mapping, for the allocators in them (MT_EV_MAPFILE): libc is mapped by
-  // ld.so after the exec's read, and a new one (a container's) had no probes.
-  std::set<std::pair<uint64_t, uint64_t>> mapped_files_read_;
   // System-wide: the new image's name, given to it when the events ring's
   // MT_EV_EXEC is applied (a fork right after inherits it), by exec id.
   std::map<pid_t, std::pair<uint64_t, std::string>> exec_comms_;

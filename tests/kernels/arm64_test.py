@@ -505,16 +505,18 @@ cat /tmp/m.err
 echo "@@END bpf.Attach $mrc"
 
 bpf_two() {  # NAME TOOL-OPTIONS: alloc_rounds with 0 and 20 rounds, started after the tool, then SIGINT
-  rm -f /tmp/m.err /tmp/t0.out /tmp/t20.out /tmp/pids
-  # No running process maps an allocator here (the guest's others are
-  # static busybox): system-wide starts with no probes and attaches at the
-  # first exec of a dynamic program: that first one (not measured) is
-  # traced from when its libc's probes are in, the two measured ones whole.
+  rm -f /tmp/m.err /tmp/t0.out /tmp/t20.out /tmp/pids /tmp/hold /tmp/h.out
+  # System-wide needs one running process with an allocator to start from
+  # ("no process on this system maps a known allocator" otherwise: the
+  # guest's other processes are static busybox); it waits here till the end.
+  mkfifo /tmp/hold
+  $DYN --wait --rounds 0 < /tmp/hold > /tmp/h.out &
+  hold=$!
+  exec 5>/tmp/hold
+  waitfor /tmp/h.out ready
   $TOOL --format json -o /tmp/w.json $2 2>/tmp/m.err &
   mp=$!
   waitfor /tmp/m.err tracing
-  $DYN --rounds 0 > /dev/null
-  usleep 300000
   for r in 0 20; do
     rm -f /tmp/in
     mkfifo /tmp/in
@@ -537,6 +539,10 @@ bpf_two() {  # NAME TOOL-OPTIONS: alloc_rounds with 0 and 20 rounds, started aft
   kill -INT $mp
   wait $mp
   mrc=$?
+  echo >&5
+  echo >&5
+  exec 5>&-
+  wait $hold
   echo "@@BEGIN $1"
   cat /tmp/pids
   cat /tmp/w.json
