@@ -8,11 +8,10 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 
 #include "helper_cost.skel.h"
+#include "test_run.h"
 
 namespace {
 
@@ -28,21 +27,9 @@ double measure(unsigned mode)
         helper_cost__destroy(s);
         return -1;
     }
-    const int fd = bpf_program__fd(s->progs.helper_cost);
-    LIBBPF_OPTS(bpf_test_run_opts, opts);
-    double best = 1e18;
-    for (int round = 0; round < 7; round++) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int k = 0; k < 200; k++)
-            if (bpf_prog_test_run_opts(fd, &opts)) {
-                helper_cost__destroy(s);
-                return -1;
-            }
-        const std::chrono::duration<double, std::nano> dt = std::chrono::steady_clock::now() - t0;
-        best = std::min(best, dt.count() / 200 / 1000);
-    }
+    const double ns = best_ns_per_call(bpf_program__fd(s->progs.helper_cost), 1000);
     helper_cost__destroy(s);
-    return best;
+    return ns;
 }
 
 }  // namespace
