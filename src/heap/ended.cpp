@@ -182,8 +182,20 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
           const Stack* st = stack(raw);
           if (!st || st->sealed) continue;  // never received (counted as missing): stays as it was
           j.locs.clear();
-          for (uint64_t ip : st->ips) j.locs.push_back(locate(ip));
-          it->second = intern(j.locs, st->truncated);
+          bool truncated = st->truncated;
+          for (uint64_t ip : st->ips) {
+            Loc l = locate(ip);
+            // The first frame is the probe's own (its return address read
+            // at the entry, or the ip); a later one that is no return
+            // address ends what can be trusted.
+            if (!j.locs.empty() && !j.map.ranges.empty() &&
+                (l.module == j.map.unknown || (j.map.follows_call && !j.map.follows_call(l)))) {
+              truncated = true;
+              break;
+            }
+            j.locs.push_back(l);
+          }
+          it->second = intern(j.locs, truncated);
         }
         if (late()) return false;
       }

@@ -278,6 +278,12 @@ struct ImageRange {
 struct ImageMap {
   std::vector<ImageRange> ranges;
   uint32_t unknown = 0;
+  // Could a frame at this location be a return address (the bytes before it
+  // are a call)? A stack is cut, as truncated, at its first later frame
+  // that could not, or that lies in no range while some are known (a frame-
+  // pointer walk through code that keeps none read words that are no
+  // frames). Unset: no frame in a range is doubted.
+  std::function<bool(const Loc&)> follows_call;
 };
 using Locator = std::function<ImageMap(const Process& p)>;
 

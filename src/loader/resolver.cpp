@@ -481,6 +481,7 @@ heap::ImageMap Resolver::map_of(const heap::Process& p) {
 heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
   heap::ImageMap m;
   m.unknown = sym.unmapped_module();
+  m.follows_call = [&sym](const heap::Loc& l) { return sym.follows_call_at(l.module, l.offset); };
   int hops = 0;
   for (const SpaceNode* n = node; n && hops < 16; n = n->parent.get(), hops++) {
     // An ancestor's ranges only where the nearer spaces have none.
@@ -506,8 +507,21 @@ heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
 
 std::vector<report::FrameOut> Resolver::resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,
                                                 bool return_address) {
-  if (loc) return location_frames(sym_, *loc, addr, return_address);
-  return resolve_frames(sym_, node_of(p), addr, return_address, "process mappings never captured");
+  if (loc) return location_frames(sym_, *loc, addr, return_address);  // sealing cut what was untrusted
+  const SpaceNode* node = node_of(p);
+  auto out = resolve_frames(sym_, node, addr, return_address, "process mappings never captured");
+  if (return_address && !out.empty() && !follows_call(sym_, node, addr)) out.front().untrusted = true;
+  return out;
+}
+
+bool follows_call(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr) {
+  bool known = false;  // some space has mappings: an address in none of them is no frame
+  for (int hops = 0; node && hops < 16; node = node->parent.get(), hops++) {
+    if (sym.symbolize(node->as, addr, true).unknown != symbolize::Unknown::Unmapped)
+      return sym.follows_call(node->as, addr);
+    known |= node->as.mapping_count() > 0;
+  }
+  return !known;
 }
 
 }  // namespace memtrace::loader

@@ -33,6 +33,10 @@ using AddressSpaces = std::map<pid_t, std::shared_ptr<SpaceNode>>;
 // space is known (node null).
 std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr,
                                              bool return_address, const char* missing);
+// Could addr be a return address in node's address space (else its
+// ancestors')? symbolize::follows_call in the first that maps it; false in
+// none while one has mappings; true when none has (nothing is known).
+bool follows_call(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr);
 // Where the code of node's address space lies (its own mappings first, then
 // its ancestors' in the gaps): what the heap model seals an image's stacks by.
 heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node);

@@ -45,8 +45,17 @@ std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, con
   const heap::Stack* st = m.stack(stack_id);
   if (!st) return out;
   if (truncated) *truncated = st->truncated;
+  size_t n = 0;
+  bool cut = false;
   for_each_frame(p, *st, [&](uint64_t addr, const heap::Loc* loc) {
-    for (auto& f : r(p, addr, loc, true)) out.push_back(std::move(f));
+    if (cut) return;
+    auto fs = r(p, addr, loc, true);
+    if (n++ && !fs.empty() && fs.front().untrusted) {  // the first frame is the probe's own
+      cut = true;
+      if (truncated) *truncated = true;
+      return;
+    }
+    for (auto& f : fs) out.push_back(std::move(f));
   });
   return out;
 }

@@ -26,6 +26,9 @@ struct FrameOut {
   int column = 0;  // 0: unknown
   bool inlined = false;
   std::string unknown;  // reason when nothing is known
+  // Not a return address (a raw stack's frame after a walk went wrong:
+  // ImageMap::follows_call): frames_of cuts the stack before it.
+  bool untrusted = false;
 };
 
 // Symbolize one frame of a stack of image p (return_address: look up

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "common/fd.h"
+#include "symbolize/call_site.h"
 #include "symbolize/debug_finder.h"
 #include "symbolize/module.h"
 #include "procfs/proc_maps.h"
@@ -382,6 +383,32 @@ const Symbolized& Symbolizer::symbolize_at(uint32_t module, uint64_t offset, boo
     lookup_in(s, m->module.get(), m->failure, m->path, pc_offset, impl_->finder, impl_->opts, impl_->stats);
   }
   return impl_->loc_memo.emplace(key, std::move(s)).first->second;
+}
+
+namespace {
+
+// call_site.h on the file behind a module; true when there is none.
+bool module_follows_call(const Module* m, uint64_t offset) {
+  if (!m) return true;
+  const elf::Image& img = m->image();
+  uint64_t back = std::min<uint64_t>(offset, 8);
+  std::string_view before = img.bytes(offset - back, back);
+  if (before.size() != back || back == 0) return true;  // past the file's end or at its start: not known
+  return follows_call(before, img.bytes(offset, 12), img.machine());
+}
+
+}  // namespace
+
+bool Symbolizer::follows_call(const AddressSpace& as, uint64_t address) {
+  const MapEntry* e = address ? as.impl().find(address - 1) : nullptr;
+  if (!e) return false;
+  return module_follows_call(e->module.get(), address - e->info.start + e->info.offset);
+}
+
+bool Symbolizer::follows_call_at(uint32_t module, uint64_t offset) {
+  const Impl::LocModule* m = module < impl_->loc_modules.size() ? &impl_->loc_modules[module] : nullptr;
+  if (!m || !module || m->failure == Unknown::Unmapped) return false;
+  return module_follows_call(m->module.get(), offset);
 }
 
 std::string Symbolizer::debug_file(const AddressSpace& as, uint64_t address) {

@@ -134,6 +134,14 @@ class Symbolizer {
   // next call.
   const Symbolized& symbolize_at(uint32_t module, uint64_t offset, bool return_address);
 
+  // Could address be a return address of a stack of as (call_site.h)?
+  // false: in no mapping of as, or the bytes before it in its file are no
+  // call; true where they cannot be read (a file gone, anonymous memory).
+  bool follows_call(const AddressSpace& as, uint64_t address);
+  // The same for a location (module id, file offset): false for
+  // unmapped_module().
+  bool follows_call_at(uint32_t module, uint64_t offset);
+
   // From now on, debug files missing locally are asked of debuginfod (when
   // Options::debuginfod): modules read without it while deferred are read
   // again on their next lookup, and earlier results are forgotten.

@@ -50,6 +50,7 @@ TARGETS = [  # build-tree files the tests run, besides the suites
     "tests/targets/demo_target",
     "tests/targets/dlopen_alloc",
     "tests/targets/cxx_new",
+    "tests/targets/stripped_nofp",
     "tests/faults/fault_target",
     "tests/faults/fault_other",
     "tests/unwind/targets/unwind_target",

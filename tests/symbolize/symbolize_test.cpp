@@ -1,5 +1,6 @@
 // src/symbolize against binutils addr2line on fixture programs built by CMake,
 // plus live processes through /proc, separate debug files, hostile files.
+#include <elf.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "procfs/proc_maps.h"
+#include "symbolize/call_site.h"
 #include "symbolize/symbolize.h"
 #include "test_env.h"
 #include "shell.h"
@@ -719,4 +721,83 @@ TEST(MiniDebugInfo, BadSectionLosesOnlyItsNames) {
     EXPECT_EQ(names_of(f, addrs), want) << bad;
   }
   fs::remove_all(d);
+}
+
+// follows_call (call_site.h), on every call instruction of a real libc as
+// objdump decodes it: each address after one is a possible return address;
+// a function's first byte (what a frame-pointer walk through code without
+// frame pointers reads when a function pointer sits where it looks) almost
+// never is. Also the signal return trampoline, where a handler "returns".
+namespace {
+void expect_calls_recognized(const std::string& objdump, const std::string& lib,
+                             const std::vector<std::string>& call_mnemonics) {
+  if (access(lib.c_str(), R_OK) != 0) MEMTRACE_SKIP_OR_FAIL(lib + " missing (scripts/deps.txt installs it)");
+  Symbolizer sym;
+  AddressSpace as;
+  ASSERT_TRUE(sym.add_file(as, lib, 0));
+  std::istringstream dis(memtrace::testing::shell_output(objdump + " -d -w " + lib));
+  std::string line;
+  size_t calls = 0, missed = 0, starts = 0, taken = 0;
+  std::string missed_lines;
+  // "addr:\tbytes \tmnemonic operands": x86 bytes one by one, aarch64's as words
+  std::regex insn(R"(^\s*([0-9a-f]+):\t((?:[0-9a-f]{2,8} )+)\s*\t(\S+)(?:[ \t]+(\S+))?)");
+  std::regex start(R"(^([0-9a-f]+) <([^>]+)>:$)");
+  std::smatch m;
+  while (std::getline(dis, line)) {
+    if (std::regex_search(line, m, start)) {
+      uint64_t a = std::stoull(m[1], nullptr, 16);
+      starts++;
+      taken += sym.follows_call(as, a);
+      continue;
+    }
+    if (!std::regex_search(line, m, insn)) continue;
+    std::string mn = m[3];
+    if ((mn == "notrack" || mn == "bnd" || mn == "addr32") && m[4].matched) mn = m[4];
+    if (std::find(call_mnemonics.begin(), call_mnemonics.end(), mn) == call_mnemonics.end()) continue;
+    std::string hexes = m[2];
+    std::erase(hexes, ' ');
+    uint64_t a = std::stoull(m[1], nullptr, 16) + hexes.size() / 2;
+    calls++;
+    if (!sym.follows_call(as, a)) {
+      missed++;
+      if (missed < 5) missed_lines += line + "\n";
+    }
+  }
+  ASSERT_GT(calls, 1000u) << objdump << " " << lib;
+  EXPECT_EQ(missed, 0u) << "of " << calls << " calls:\n" << missed_lines;
+  ASSERT_GT(starts, 1000u);
+  EXPECT_LT(taken * 100, starts * 15) << taken << " of " << starts << " function starts taken for return addresses";
+}
+}  // namespace
+
+TEST(FollowsCall, EveryCallOfLibcX86_64) {
+  expect_calls_recognized("objdump", "/usr/lib/x86_64-linux-gnu/libc.so.6", {"call"});
+  Symbolizer sym;
+  AddressSpace as;
+  ASSERT_TRUE(sym.add_file(as, "/usr/lib/x86_64-linux-gnu/libc.so.6", 0));
+  EXPECT_FALSE(sym.follows_call(as, 0x10)) << "the ELF header";
+  EXPECT_FALSE(sym.follows_call(as, 0x7ff000000000)) << "no mapping";
+}
+
+TEST(FollowsCall, EveryCallOfLibcAarch64) {
+  if (access("/usr/bin/aarch64-linux-gnu-objdump", X_OK) != 0)
+    MEMTRACE_SKIP_OR_FAIL("aarch64-linux-gnu-objdump missing (scripts/deps.txt installs binutils-aarch64-linux-gnu)");
+  expect_calls_recognized("aarch64-linux-gnu-objdump", "/usr/aarch64-linux-gnu/lib/libc.so.6",
+                          {"bl", "blr", "blraa", "blrab", "blraaz", "blrabz"});
+}
+
+TEST(FollowsCall, SignalReturnTrampolines) {
+  const std::string x86 = std::string("\x48\xc7\xc0\x0f\x00\x00\x00\x0f\x05", 9);
+  EXPECT_TRUE(follows_call("\x90\x90\x90\x90\x90\x90\x90\x90", x86, EM_X86_64));
+  EXPECT_FALSE(follows_call("\x90\x90\x90\x90\x90\x90\x90\x90", "\x90\x90\x90\x90\x90\x90\x90\x90\x90", EM_X86_64));
+  const std::string a64 = std::string("\x68\x11\x80\xd2\x01\x00\x00\xd4", 8);
+  EXPECT_TRUE(follows_call(std::string("\x1f\x20\x03\xd5", 4), a64, EM_AARCH64));
+  EXPECT_FALSE(follows_call(std::string("\x1f\x20\x03\xd5", 4), std::string("\x1f\x20\x03\xd5", 4), EM_AARCH64));
+  // call *0x8(%rsp) (ff 54 24 08), call *%r11 (41 ff d3), call *0x2f37(%rip) (ff 15 ...), notrack call *%rax
+  EXPECT_TRUE(follows_call(std::string("\x90\x90\x90\x90\xff\x54\x24\x08", 8), "", EM_X86_64));
+  EXPECT_TRUE(follows_call(std::string("\x90\x90\x90\x90\x90\x41\xff\xd3", 8), "", EM_X86_64));
+  EXPECT_TRUE(follows_call(std::string("\x90\x90\xff\x15\x37\x2f\x00\x00", 8), "", EM_X86_64));
+  EXPECT_TRUE(follows_call(std::string("\x90\x90\x90\x90\x90\x3e\xff\xd0", 8), "", EM_X86_64));
+  // jmp *%rax (ff e0: /4) is no call
+  EXPECT_FALSE(follows_call(std::string("\x90\x90\x90\x90\x90\x90\xff\xe0", 8), "", EM_X86_64));
 }
