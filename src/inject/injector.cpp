@@ -101,6 +101,7 @@ class StoppedProcess {
         }
         // A signal that stopped it before the interrupt goes back at detach.
         threads_[tid] = s.kind == Stop::SignalStop ? s.sig : 0;
+        if (!first_) first_ = tid;
       }
       if (!added) break;
     }
@@ -113,6 +114,7 @@ class StoppedProcess {
     if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0)
       return Error::sys("ptrace(PTRACE_SEIZE) thread " + std::to_string(tid) + " of pid " + std::to_string(pid_));
     threads_[tid] = 0;
+    first_ = tid;
     if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) return Error::sys("ptrace(PTRACE_INTERRUPT)");
     return wait_interrupted(tid);
   }
@@ -132,6 +134,22 @@ class StoppedProcess {
     threads_.erase(it);
   }
   size_t count() const { return threads_.size(); }
+  // Every thread but the first one stopped (the caller) let go.
+  void release_others() {
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (it->first == first_) {
+        ++it;
+        continue;
+      }
+      ptrace(PTRACE_DETACH, it->first, nullptr, reinterpret_cast<void*>(intptr_t(it->second)));
+      it = threads_.erase(it);
+    }
+  }
+  std::vector<pid_t> tids() const {
+    std::vector<pid_t> out;
+    for (const auto& [tid, sig] : threads_) out.push_back(tid);
+    return out;
+  }
   // A signal for tid that arrived during the call: handed back at detach.
   void keep_signal(pid_t tid, int sig) {
     auto& s = threads_[tid];
@@ -160,12 +178,29 @@ class StoppedProcess {
 
  private:
   pid_t pid_;
+  pid_t first_ = 0;               // the thread stopped first (the caller): release_others keeps it
   std::map<pid_t, int> threads_;  // tid -> signal to deliver at detach
   std::set<pid_t> gone_;
   std::vector<std::pair<pid_t, int>> extra_;
 };
 
 void HeldDeleter::operator()(StoppedProcess* p) const { delete p; }
+
+void release_others(StoppedProcess& sp) { sp.release_others(); }
+
+Result<void> with_threads_stopped(pid_t pid, StoppedProcess* held,
+                                  const std::function<Result<void>(const std::vector<pid_t>&)>& fn) {
+  if (held) {
+    // The others too (load_library stops only its caller).
+    if (auto r = held->stop_all(); !r) return r.error();
+    return fn(held->tids());
+  }
+  StoppedProcess sp(pid);
+  if (auto r = sp.stop_all(); !r) return r.error();
+  auto out = fn(sp.tids());
+  sp.resend_extra();
+  return out;
+}
 
 namespace {
 
@@ -549,7 +584,8 @@ namespace {
 // say it was.
 Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, const std::string* str, uint64_t arg1,
                               LoadStats* stats, int timeout_ms, StoppedProcess* held,
-                              const std::function<Result<uint64_t>(StoppedProcess&, pid_t, int, uint64_t)>& post) {
+                              const std::function<Result<uint64_t>(StoppedProcess&, pid_t, int, uint64_t)>& post,
+                              const AfterCall& after) {
   auto t0 = std::chrono::steady_clock::now();
   Result<uint64_t> out = uint64_t{0};
   {
@@ -616,6 +652,8 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
     if (stats) stats->call_us = micros_since(t1);
     if (!h) out = Error{where + ": " + h.error().message, h.error().err};
     else out = post(sp, caller, mem.get(), *h);
+    // The caller still stopped: what must be done before it runs on.
+    if (out && after) after(sp);
     sp.resend_extra();
   }
   if (stats) stats->stopped_us = micros_since(t0);
@@ -625,7 +663,7 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
 }  // namespace
 
 Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms,
-                              StoppedProcess* held) {
+                              StoppedProcess* held, const AfterCall& after) {
   std::string where = "dlopen(" + path + ") in pid " + std::to_string(pid);
   auto dl = libc_function(pid, "dlopen");
   if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
@@ -642,7 +680,8 @@ Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* sta
                           }
                         }
                         return Error::msg(where + ": " + why);
-                      });
+                      },
+                      after);
 }
 
 std::optional<std::string> agent_mapped(pid_t pid) {
@@ -654,7 +693,7 @@ std::optional<std::string> agent_mapped(pid_t pid) {
 }
 
 Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* stats, int timeout_ms,
-                              StoppedProcess* held) {
+                              StoppedProcess* held, const AfterCall& after) {
   std::string where = "memtrace_agent_attach of " + mapped + " in pid " + std::to_string(pid);
   auto fn = mapped_function(pid, mapped, "memtrace_agent_attach");
   if (!fn)
@@ -662,7 +701,8 @@ Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* s
                       " loaded by an earlier --inject, without memtrace_agent_attach (an older build): " +
                       fn.error().message);
   return call_on_main(pid, where, *fn, nullptr, 0, stats, timeout_ms, held,
-                      [](StoppedProcess&, pid_t, int, uint64_t r) -> Result<uint64_t> { return r & 0xffffffff; });
+                      [](StoppedProcess&, pid_t, int, uint64_t r) -> Result<uint64_t> { return r & 0xffffffff; },
+                      after);
 }
 
 }  // namespace memtrace::inject

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
@@ -36,6 +37,19 @@ struct LoadStats {
   bool reattached = false;    // the agent was there already: memtrace_agent_attach, not dlopen
   pid_t caller = 0;           // the thread that made the call (the main thread unless it stayed busy)
 };
+
+// fn(the ids of pid's threads) while every one of them is stopped (seized
+// and interrupted here, let go after; or held's: those not stopped yet are
+// added to it); no thread runs code of the process meanwhile.
+Result<void> with_threads_stopped(pid_t pid, StoppedProcess* held,
+                                  const std::function<Result<void>(const std::vector<pid_t>&)>& fn);
+// held's threads let go but the one it stopped first (load_library's
+// caller, hold_at_entry's main thread).
+void release_others(StoppedProcess& held);
+
+// Called after a successful call, while its caller is still stopped
+// (load_library, attach_agent).
+using AfterCall = std::function<void(StoppedProcess&)>;
 
 // Why pid cannot take the agent, checked before any ptrace (nothing of
 // the process is touched): it runs under seccomp (the agent's open and
@@ -61,7 +75,7 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms = 10000, const std::functio
 // held: the process is already stopped by hold_at_entry (else every
 // thread is seized here and let go at the end).
 Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats = nullptr,
-                              int timeout_ms = 10000, StoppedProcess* held = nullptr);
+                              int timeout_ms = 10000, StoppedProcess* held = nullptr, const AfterCall& after = {});
 
 // The path of libmemtrace_agent.so as pid maps it (an earlier --inject
 // loaded it), or none.
@@ -72,7 +86,7 @@ std::optional<std::string> agent_mapped(pid_t pid);
 // would be (the constructor does not run again); what it returned (0:
 // hooked, 1: no ring for the process, 2: refused, the ring says why).
 Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* stats = nullptr,
-                              int timeout_ms = 10000, StoppedProcess* held = nullptr);
+                              int timeout_ms = 10000, StoppedProcess* held = nullptr, const AfterCall& after = {});
 
 // Address of a function of the target's libc (dlopen, dlerror) in pid:
 // the file's symbol placed in the mapping that holds its file offset.
