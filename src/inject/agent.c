@@ -32,6 +32,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -657,6 +658,124 @@ static void rewrite_all(void) {
   }
 }
 
+/* ---- entry trampolines (x86-64): the loader patches the allocator's own
+ * entries (ring.h: entries) to jump to the hooks, so that calls that do not
+ * go through a GOT slot reach them too (a dlsym pointer to malloc, ld.so's
+ * own pointer, a dlopen'd library's constructor, libc's internal calls);
+ * the hooks then call the original through the stub the loader wrote, which
+ * the loader stores in real.X. Here: the list of entries and the area for
+ * the stubs, near libc (the stubs' relocated rip-relative operands and the
+ * entry's rel32 jmp reach +-2 GiB). */
+
+#if defined(__x86_64__)
+struct entry {
+  const char* name;
+  void** real;     /* &real.X: the loader stores the stub there */
+  void* hook;
+  void* fn;        /* libc's function, as first resolved (real.X becomes the stub) */
+  uint8_t orig[16]; /* the loader's: the bytes its jmp replaced, */
+  uint8_t orig_len; /* how many (0: not patched), */
+  uint8_t jmp[5];   /* and the jmp it wrote there */
+};
+static struct entry g_entries[MT_INJ_ENTRY_MAX];
+static uint32_t g_entry_count;
+static void* g_tramp; /* MT_INJ_TRAMP_BYTES, read+exec; kept for good (stubs live there) */
+
+/* An area within 1 GiB of near, not overlapping anything (MAP_FIXED_NOREPLACE;
+ * a kernel before 4.17 takes it as a hint: checked). */
+static void* tramp_near(uintptr_t near) {
+  const uintptr_t step = 1u << 20, bytes = MT_INJ_TRAMP_BYTES;
+  near &= ~(step - 1);
+  for (uintptr_t d = step; d < (1ull << 30); d += step) {
+    for (int sign = -1; sign <= 1; sign += 2) {
+      uintptr_t at = sign < 0 ? near - d : near + d;
+      if (sign < 0 && near < d + bytes) continue;
+      void* m = mmap((void*)at, bytes, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS | 0x100000 /* MAP_FIXED_NOREPLACE */,
+                     -1, 0);
+      if (m == MAP_FAILED) continue;
+      if ((uintptr_t)m == at) return m;
+      munmap(m, bytes);
+    }
+  }
+  return NULL;
+}
+
+static void add_entry(const char* name, void** realp, void* hook) {
+  if (!*realp || g_entry_count >= MT_INJ_ENTRY_MAX) return;
+  for (uint32_t i = 0; i < g_entry_count; i++)
+    if (g_entries[i].real == realp) return;
+  struct entry* e = &g_entries[g_entry_count++];
+  e->name = name;
+  e->real = realp;
+  e->hook = hook;
+  e->fn = *realp;
+}
+
+/* The entries for the loader to patch (those it patched before keep their
+ * stub: never patched twice). */
+static void list_entries(struct mt_inj_hdr* r) {
+  add_entry("malloc", (void**)&real.malloc, (void*)hook_malloc);
+  add_entry("free", (void**)&real.free, (void*)hook_free);
+  add_entry("calloc", (void**)&real.calloc, (void*)hook_calloc);
+  add_entry("realloc", (void**)&real.realloc, (void*)hook_realloc);
+  add_entry("reallocarray", (void**)&real.reallocarray, (void*)hook_reallocarray);
+  add_entry("posix_memalign", (void**)&real.posix_memalign, (void*)hook_posix_memalign);
+  add_entry("aligned_alloc", (void**)&real.aligned_alloc, (void*)hook_aligned_alloc);
+  add_entry("memalign", (void**)&real.memalign, (void*)hook_memalign);
+  add_entry("valloc", (void**)&real.valloc, (void*)hook_valloc);
+  add_entry("pvalloc", (void**)&real.pvalloc, (void*)hook_pvalloc);
+  add_entry("_ZnwmSt11align_val_t", (void**)&real.new_al, (void*)hook_new_al);
+  add_entry("_ZnamSt11align_val_t", (void**)&real.new_arr_al, (void*)hook_new_arr_al);
+  add_entry("_ZnwmSt11align_val_tRKSt9nothrow_t", (void**)&real.new_al_nt, (void*)hook_new_al_nt);
+  add_entry("_ZnamSt11align_val_tRKSt9nothrow_t", (void**)&real.new_arr_al_nt, (void*)hook_new_arr_al_nt);
+  if (!g_tramp) g_tramp = tramp_near((uintptr_t)g_entries[0].fn);
+  r->tramp = (uintptr_t)g_tramp;
+  r->entry_count = g_tramp ? g_entry_count : 0;
+  for (uint32_t i = 0; i < g_entry_count; i++) {
+    struct entry* e = &g_entries[i];
+    r->entries[i].fn = (uintptr_t)e->fn;
+    r->entries[i].hook = (uintptr_t)e->hook;
+    r->entries[i].real_slot = (uintptr_t)e->real;
+    r->entries[i].stub = *e->real != e->fn ? (uintptr_t)*e->real : 0;
+    r->entries[i].orig_slot = (uintptr_t)e->orig;
+    _Static_assert(offsetof(struct entry, orig_len) == offsetof(struct entry, orig) + 16 &&
+                       offsetof(struct entry, jmp) == offsetof(struct entry, orig) + 17,
+                   "orig, orig_len, jmp: the 22 bytes the loader writes (ring.h orig_slot)");
+    snprintf(r->entries[i].name, sizeof r->entries[i].name, "%s", e->name);
+  }
+}
+
+/* In a fork's child (one thread: this one, in fork's handlers): the
+ * entries as the file has them again, the hooks calling the originals. Its
+ * tracer (the BPF path takes a child, stopped before it runs this) may
+ * have put uprobes at those entries: a uprobe's int3 over the jmp is kept,
+ * so the probe then sits on the original instruction, as it expects. */
+static void unpatch_in_child(void) {
+  for (uint32_t i = 0; i < g_entry_count; i++) {
+    struct entry* e = &g_entries[i];
+    uint8_t* p = (uint8_t*)e->fn;
+    uint32_t n = e->orig_len;
+    if (!n || n > sizeof e->orig || n < sizeof e->jmp || e->jmp[0] != 0xe9) continue;
+    /* Our jmp, but for a uprobe's int3 on any of its bytes (a byte of the
+     * jmp is never 0xcc). */
+    int ours = 1;
+    for (uint32_t k = 0; k < sizeof e->jmp; k++) ours &= p[k] == e->jmp[k] || p[k] == 0xcc;
+    if (!ours) continue;
+    uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095, hi = ((uintptr_t)p + n + 4095) & ~(uintptr_t)4095;
+    if (mprotect((void*)lo, hi - lo, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) continue;
+    for (uint32_t k = 0; k < n; k++)
+      if (p[k] != 0xcc) p[k] = e->orig[k];
+    mprotect((void*)lo, hi - lo, PROT_READ | PROT_EXEC);
+    __builtin___clear_cache((char*)p, (char*)p + n);
+    for (uint32_t j = 0; j < g_entry_count; j++)
+      if (g_entries[j].fn == e->fn) __atomic_store_n(g_entries[j].real, e->fn, __ATOMIC_RELEASE);
+  }
+}
+#else
+static void list_entries(struct mt_inj_hdr* r) { r->entry_count = 0; }
+static void unpatch_in_child(void) {}
+#endif
+
 /* ---- setup. */
 
 /* The real functions; NULL if they can be found, else why not. */
@@ -697,6 +816,7 @@ static const char* resolve_real(void) {
 static void after_fork_child(void) {
   struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
   if (v) v->off = 1;
+  unpatch_in_child();
 }
 
 static void agent_failed(struct mt_inj_hdr* r, const char* why) {
@@ -787,7 +907,8 @@ static int attach_ring(void) {
   void* seen = mmap(NULL, sizeof(uint64_t) << SEEN_BITS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   v->seen = seen == MAP_FAILED ? NULL : (uint64_t*)seen;
   __atomic_store_n(&g_view, v, __ATOMIC_RELEASE);
-  rewrite_all();
+  if (!(r->hook_flags & MT_INJ_NO_GOT)) rewrite_all();
+  list_entries(r);
   __atomic_store_n(&r->agent_state, MT_INJ_AGENT_HOOKED, __ATOMIC_RELEASE);
   if (old) {
     /* Its memory given back; a hook still writing there gets fresh pages. */

@@ -44,6 +44,9 @@
 #define MT_INJ_POS_MASK ((1ull << 47) - 1)
 #define MT_INJ_PAD (1ull << 47)
 #define MT_INJ_REC_HDR 8 /* the word in front of every record */
+#define MT_INJ_ENTRY_MAX 16
+#define MT_INJ_TRAMP_BYTES (128 * 1024) /* islands spread over 128 KiB: a jmp's rel32 free of 0xcc bytes (uprobes) */
+#define MT_INJ_TRAMP_SLOT 64            /* one stub per entry at tramp + i * MT_INJ_TRAMP_SLOT */
 
 /* state: written by the loader. */
 enum mt_inj_state {
@@ -58,6 +61,9 @@ enum mt_inj_agent_state {
 	MT_INJ_AGENT_HOOKED = 1, /* ring mapped, GOT slots rewritten */
 	MT_INJ_AGENT_FAILED = 2, /* ring mapped, nothing hooked (agent_error says why) */
 };
+
+/* hook_flags: written by the loader before the agent loads. */
+#define MT_INJ_NO_GOT 1u
 
 /* stack_mode: written by the loader before the agent loads. */
 enum mt_inj_stack_mode {
@@ -110,7 +116,7 @@ struct mt_inj_hdr {
 	uint32_t stack_mode; /* enum mt_inj_stack_mode */
 	uint64_t heartbeat_ns;
 	uint32_t ts_mode;      /* enum mt_inj_ts_mode */
-	uint32_t pad2;
+	uint32_t hook_flags;   /* MT_INJ_NO_GOT: the agent leaves the GOT slots alone (entry trampolines only; for measuring) */
 	/* Written by the agent. */
 	uint32_t agent_state;  /* enum mt_inj_agent_state */
 	uint32_t stack_used;   /* the enum mt_inj_stack_mode it uses */
@@ -124,6 +130,31 @@ struct mt_inj_hdr {
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */
+	uint64_t pad3[7];
+	/* Entry trampolines (x86-64; entry_count 0 elsewhere): the allocator's
+	 * own functions, listed by the agent (libc's definitions, found with
+	 * dlsym RTLD_NEXT), whose first instructions the loader patches with a
+	 * jmp to the hook while every thread is stopped: calls that do not go
+	 * through a GOT slot (ld.so's, a dlsym pointer's, libc's own, a
+	 * library's constructor run inside dlopen) reach the hooks too. The
+	 * loader relocates the instructions it overwrites into a stub in the
+	 * agent's trampoline area (tramp, MT_INJ_TRAMP_BYTES near libc, mapped
+	 * read+exec by the agent, written by the loader through
+	 * /proc/PID/mem), points the agent's pointer to the original
+	 * (real_slot) at the stub, and sets stub. */
+	uint64_t tramp;        /* agent: its trampoline area, 0 if none */
+	uint32_t entry_count;  /* agent */
+	uint32_t entries_patched; /* loader: entries whose jmp is in place (this session or an earlier one) */
+	struct mt_inj_entry {
+		uint64_t fn;        /* the function's entry (agent) */
+		uint64_t hook;      /* where its entry jumps (agent) */
+		uint64_t real_slot; /* the agent's pointer the hook calls the original through (agent) */
+		uint64_t stub;      /* the stub: 0 until patched; the agent gives an earlier session's (agent, loader) */
+		uint64_t orig_slot; /* 22 bytes of the agent's where the loader leaves the bytes it replaced (16), their
+		                     * count (1) and the jmp it wrote (5): a fork's child puts them back (its tracer's
+		                     * uprobes need the original) */
+		char name[32];      /* agent */
+	} entries[MT_INJ_ENTRY_MAX];
 };
 
 #ifdef __cplusplus

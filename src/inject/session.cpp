@@ -1,6 +1,7 @@
 #include "inject/session.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -8,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -231,16 +234,35 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   if (auto r = can_inject(pid); !r) return r.error();
   auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode);
   if (!ring) return ring.error();
+  // MEMTRACE_INJECT_GOT=0, MEMTRACE_INJECT_ENTRIES=0: one of the two ways
+  // in alone (bench/inject measures them apart).
+  auto env_off = [](const char* n) {
+    const char* v = getenv(n);
+    return v && strcmp(v, "0") == 0;
+  };
+  bool got = o.got && !env_off("MEMTRACE_INJECT_GOT"), entries = o.entries && !env_off("MEMTRACE_INJECT_ENTRIES");
+  if (!got) (*ring)->mutable_hdr()->hook_flags |= MT_INJ_NO_GOT;
   std::unique_ptr<Session> s(new Session());
   s->pid_ = pid;
   s->ring_ = std::move(*ring);
   // An earlier --inject left the agent in the process (its hooks calling
   // straight through): its attach function maps this ring, as its
   // constructor did the first time.
+  // The files the entry trampolines need read now, while the process runs
+  // untouched (trampoline.h).
+  EntryFilesPtr files = entries ? prepare_entries(pid) : nullptr;
   auto mapped = agent_mapped(pid);
   s->load_.reattached = mapped.has_value();
-  auto h = mapped ? attach_agent(pid, *mapped, &s->load_, o.timeout_ms, o.held)
-                  : load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held);
+  // The entries patched while the call's thread is still stopped (the
+  // others stopped for it too): it runs on with the hooks and the
+  // trampolines both in place.
+  std::optional<Result<PatchReport>> patched;
+  auto after = [&](StoppedProcess& sp) {
+    if (!entries || s->ring_->hdr().agent_state != MT_INJ_AGENT_HOOKED) return;
+    patched = patch_entries(pid, s->ring_->mutable_hdr(), &sp, files.get());
+  };
+  auto h = mapped ? attach_agent(pid, *mapped, &s->load_, o.timeout_ms, o.held, after)
+                  : load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held, after);
   if (!h) return h.error();
   // The constructor ran inside dlopen: the agent has said how it went.
   const volatile mt_inj_hdr& hd = s->ring_->hdr();
@@ -254,6 +276,21 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
     char why[sizeof hd.agent_error + 1] = {0};
     for (size_t i = 0; i < sizeof hd.agent_error; i++) why[i] = hd.agent_error[i];
     return Error::msg("pid " + std::to_string(pid) + ": agent: " + why);
+  }
+  // The allocator's own entries jump to the hooks too (x86-64): calls that
+  // bypass the GOT. A function that cannot be patched keeps its GOT hooks
+  // and is named, one line each.
+  if (patched) {
+    auto& pr = *patched;
+    if (!pr) {
+      fprintf(stderr, "memtrace-bpf: --inject: pid %d: the allocator's entries not patched (%s): its calls that bypass the GOT are not seen\n",
+              static_cast<int>(pid), pr.error().message.c_str());
+    } else {
+      s->patch_ = std::move(*pr);
+      for (const auto& why : s->patch_.refused)
+        fprintf(stderr, "memtrace-bpf: --inject: pid %d: entry not patched: %s: its calls that bypass the GOT are not seen\n",
+                static_cast<int>(pid), why.c_str());
+    }
   }
   s->ring_->unlink_name();
   return s;
@@ -387,6 +424,10 @@ void Session::detach() {
   // microseconds; give it that.
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   stop_copier();
+  // The allocator's entries as they were (a later uprobe on them would
+  // break the patched process); the hooks left in the GOT slots call
+  // straight through. Best effort: the process may be gone.
+  if (kill(pid_, 0) == 0) (void)unpatch_entries(pid_, ring_->mutable_hdr());
 }
 
 Session::~Session() { detach(); }

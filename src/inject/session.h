@@ -23,6 +23,7 @@
 #include "common/result.h"
 #include "inject/injector.h"
 #include "inject/ring.h"
+#include "inject/trampoline.h"
 
 namespace memtrace::inject {
 
@@ -37,6 +38,8 @@ struct SessionOptions {
   int stack_mode = MT_INJ_STACK_LIBUNWIND;   // enum mt_inj_stack_mode
   int timeout_ms = 10000;                    // for the dlopen call
   StoppedProcess* held = nullptr;            // stopped already (hold_at_entry)
+  bool entries = true;                       // patch the allocator's entries (trampoline.h; x86-64)
+  bool got = true;                           // rewrite GOT slots
 };
 
 // The ring, mapped in this process too; the file's name is removed once the
@@ -57,6 +60,7 @@ class Ring {
   void set_state(uint32_t s);   // enum mt_inj_state
   void unlink_name();
   const volatile mt_inj_hdr& hdr() const { return *hdr_; }
+  mt_inj_hdr* mutable_hdr() { return hdr_; }
   uint64_t backlog() const;     // bytes written and not drained
   uint64_t malformed() const { return malformed_; }
   bool tsc() const { return tsc_; }
@@ -86,6 +90,7 @@ class Session {
   pid_t pid() const { return pid_; }
   Ring& ring() { return *ring_; }
   const LoadStats& load_stats() const { return load_; }
+  const PatchReport& patch_report() const { return patch_; }
   // Without the copier: the ring's records (at most max). With it: what
   // the copier has taken (up to kChunksPerDrain chunks; all with flush),
   // and with flush the ring's rest too: every record written so far.
@@ -106,6 +111,7 @@ class Session {
   pid_t pid_ = 0;
   std::unique_ptr<Ring> ring_;
   LoadStats load_;
+  PatchReport patch_;
   // The copier: chunks of [u32 bytes][record] (mt_inj_rec or mt_stack).
   static constexpr size_t kChunkBytes = 1 << 20;
   static constexpr size_t kChunksPerDrain = 16;
