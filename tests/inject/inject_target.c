@@ -27,6 +27,7 @@
  * No stdio after "ready": stdout's buffer is allocated before. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <malloc.h>
@@ -37,11 +38,30 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef INJECT_TARGET_STATIC
+/* The agent's path as ld.so keeps it (dl_iterate_phdr allocates nothing). */
+static int agent_path_of(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  if (info->dlpi_name && strstr(info->dlpi_name, "libmemtrace_agent")) {
+    *(const char**)data = info->dlpi_name;
+    return 1;
+  }
+  return 0;
+}
+#endif
+
 static int recording(void) {
 #ifdef INJECT_TARGET_STATIC
   return 0; /* no dlopen: the agent cannot go into a static program */
 #else
-  void* h = dlopen("libmemtrace_agent.so", RTLD_NOW | RTLD_NOLOAD);
+  /* dlopen by the exact path ld.so has: by its file name alone, ld.so adds
+   * that name to the agent's link map (malloc of 45 bytes, for good), which
+   * the entry trampolines see (ld.so's own malloc pointer) and the expect
+   * line does not count. */
+  const char* path = NULL;
+  dl_iterate_phdr(agent_path_of, &path);
+  if (!path) return 0;
+  void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
   if (!h) return 0;
   int (*fn)(void) = (int (*)(void))dlsym(h, "memtrace_agent_recording");
   int r = fn ? fn() : 0;
