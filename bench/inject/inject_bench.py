@@ -4,7 +4,7 @@ one run, on W1 (python3 json), W3 (sqlite3) and MT (a multi-threaded
 allocator stress); medians and ratios (issue 21, docs/inject.md).
 
   sudo bench/inject/inject_bench.py [--repeat 5] [--build build]
-       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp]
+       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp,inject-got,inject-entry]
        [--mt-threads 4] [--mt-rounds 1000000]
 
 Every run starts the target, which waits before its work (W1 and MT read a
@@ -91,7 +91,15 @@ def tool_argv(tool, mode, pid, rep):
         return [tool, "--inject"] + base[1:]
     if mode == "inject-fp":
         return [tool, "--inject", "--unwind", "fp"] + base[1:]
+    if mode in TOOL_ENV:
+        return [tool, "--inject"] + base[1:]
     raise SystemExit("unknown mode " + mode)
+
+
+# --inject with one of its two ways in alone (src/inject/session.cpp):
+# inject-got: GOT slots only (no entry trampolines: what --inject was before
+# them); inject-entry: entry trampolines only (no GOT slot rewritten).
+TOOL_ENV = {"inject-got": {"MEMTRACE_INJECT_ENTRIES": "0"}, "inject-entry": {"MEMTRACE_INJECT_GOT": "0"}}
 
 
 def run_once(w, mode, tool, tmp):
@@ -117,7 +125,7 @@ def run_once(w, mode, tool, tmp):
         if os.path.exists(rep):
             os.unlink(rep)
         tool_p = subprocess.Popen(tool_argv(tool, mode, pid, rep), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=subprocess.PIPE, text=True, env=dict(os.environ, **TOOL_ENV.get(mode, {})))
         while True:
             line = tool_p.stderr.readline()
             if not line:
