@@ -39,6 +39,18 @@ static std::optional<pid_t> status_field(pid_t pid, const char* key) {
 std::optional<pid_t> tgid_of(pid_t tid) { return status_field(tid, "Tgid"); }
 std::optional<pid_t> ppid_of(pid_t pid) { return status_field(pid, "PPid"); }
 
+std::vector<std::string> proc_strings(pid_t pid, const char* file) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/" + file);
+  std::vector<std::string> out;
+  for (size_t at = 0; at < s.size();) {
+    size_t end = s.find('\0', at);
+    if (end == std::string::npos) end = s.size();
+    out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
 std::vector<pid_t> all_pids() {
   std::vector<pid_t> v;
   DIR* d = opendir("/proc");

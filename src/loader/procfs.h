@@ -17,6 +17,9 @@ using procfs::read_maps;
 std::optional<std::string> read_comm(pid_t pid);
 std::optional<pid_t> tgid_of(pid_t tid);  // from /proc/TID/status
 std::optional<pid_t> ppid_of(pid_t pid);
+// The NUL-separated strings of /proc/PID/FILE ("environ", "cmdline"): what
+// pid was started with; none when it is gone.
+std::vector<std::string> proc_strings(pid_t pid, const char* file);
 std::vector<pid_t> all_pids();
 bool process_exists(pid_t pid);
 char process_state(pid_t pid);  // 'R', 'S', 'T', ... or 0

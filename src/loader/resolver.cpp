@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "elf/elf_file.h"
+#include "loader/procfs.h"
 
 namespace memtrace::loader {
 
@@ -98,20 +99,22 @@ SpaceNode& Resolver::current(pid_t pid) {
 }
 
 void Resolver::capture(pid_t pid, const std::vector<procfs::Mapping>* maps) {
-  note_paths(maps);
+  note_paths(pid, maps);
   SpaceNode& n = current(pid);
   // A process that is already gone keeps what we had; one gone before its
   // first capture has nothing: counted (its frames print "unknown").
   Read r = read_into(sym_, n.as, pid, maps);
-  if (r == Read::Ok) never_captured_.erase(pid);
-  else if (r == Read::Empty) {}  // as before: not counted (but what the kernel told is given)
+  if (r == Read::Ok) {
+    never_captured_.erase(pid);
+    note_started(pid, images_[pid].back());
+  } else if (r == Read::Empty) {}  // as before: not counted (but what the kernel told is given)
   else if (n.as.mapping_count() == 0 && !n.parent) never_captured_.insert(pid);
   else if (n.as.mapping_count() > 0) incomplete_.insert(pid);  // code mapped since the last read: not seen
   after_read(pid, images_[pid].back(), r == Read::Ok);
 }
 
 void Resolver::exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mapping>* maps) {
-  note_paths(maps);
+  note_paths(pid, maps);
   auto& v = images_[pid];
   if (v.empty() || v.back().exec_id != exec_id) {
     if (!v.empty()) ended(pid, v.back());
@@ -120,16 +123,31 @@ void Resolver::exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mappi
   // Its own code now: gone before this read, its frames have no mappings of
   // their own (the parent's, if forked, are another program's).
   Read r = read_into(sym_, v.back().node->as, pid, maps);
-  if (r == Read::Ok) never_captured_.erase(pid);
-  else if (r == Read::Failed) never_captured_.insert(pid);
+  if (r == Read::Ok) {
+    never_captured_.erase(pid);
+    note_started(pid, v.back());
+  } else if (r == Read::Failed) never_captured_.insert(pid);
   after_read(pid, v.back(), r == Read::Ok);
 }
 
-void Resolver::note_paths(const std::vector<procfs::Mapping>* maps) {
+void Resolver::note_paths(pid_t pid, const std::vector<procfs::Mapping>* maps) {
   if (!maps) return;
-  for (const auto& m : *maps)
-    if (m.exec() && m.file() && !m.path.ends_with(" (deleted)") && paths_.try_emplace({m.dev, m.inode}, m.path).second)
-      if (auto slash = m.path.rfind('/'); slash != std::string::npos && slash > 0) dirs_.insert(m.path.substr(0, slash));
+  for (const auto& m : *maps) {
+    std::pair<uint64_t, uint64_t> key{m.dev, m.inode};
+    if (!m.exec() || !m.file() || m.path.ends_with(" (deleted)") || paths_.count(key) || foreign_.count(key)) continue;
+    // A file of another root (a container's libc at the path of the host's
+    // own): its path here is another file, never taken for it.
+    struct stat st {}, there {};
+    std::string root = "/proc/" + std::to_string(pid) + "/root";
+    if ((stat(m.path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_dev) != m.dev || st.st_ino != m.inode) &&
+        stat((root + m.path).c_str(), &there) == 0 && static_cast<uint64_t>(there.st_dev) == m.dev &&
+        there.st_ino == m.inode) {
+      foreign_.insert(key);
+      continue;
+    }
+    paths_.emplace(key, m.path);
+    if (auto slash = m.path.rfind('/'); slash != std::string::npos && slash > 0) dirs_.insert(m.path.substr(0, slash));
+  }
 }
 
 void Resolver::after_read(pid_t pid, Image& im, bool ok) {
@@ -159,6 +177,12 @@ void Resolver::kernel_mapped(pid_t pid, const KernelMapping& k) {
       im = &v.back();
     }
     im->exe = k;  // kept: its libraries are looked for in its RUNPATH
+    // Its directory is one where libraries are looked for: programs load
+    // plugins from their own (ld, run by gcc's collect2, its -plugin from
+    // the directory of cc1, collect2 and lto-wrapper), all of them maybe
+    // gone unread.
+    im->program.clear();
+    if (const std::string& prog = program_of(*im); !prog.empty()) dirs_.insert(prog.substr(0, std::max<size_t>(prog.rfind('/'), 1)));
     // Its exec's read has no code where this program's is (mm's start_code):
     // the read came after a later exec (env running bash, a shell's exec at
     // once), that image's mappings, not this one's. This image gets what
@@ -321,6 +345,14 @@ std::vector<std::string> system_library_dirs() {
   return out;
 }
 
+// k under a (longer) name.
+KernelMapping named_as(const KernelMapping& k, const std::string& name) {
+  KernelMapping n = k;
+  n.path = name;
+  n.name_cut = false;
+  return n;
+}
+
 // dir/name if that is the file (dev, inode); a cut name: an entry of dir
 // that starts with it.
 std::string in_dir(const std::string& dir, const KernelMapping& k) {
@@ -354,12 +386,13 @@ const std::string& Resolver::program_of(Image& im) {
 std::string Resolver::find_library(const KernelMapping& k, Image& im) {
   if (k.path.empty() || k.path.find('/') != std::string::npos || k.path == "." || k.path == "..") return "";
   std::vector<const std::string*> dirs;
-  // ld.so's order (but LD_LIBRARY_PATH, which is not known): the program's
-  // RUNPATH, ld.so.cache, the default directories; then where other
-  // processes' files are. Any order would do: a candidate must be the file.
+  // Nearly ld.so's order: the program's RUNPATH, the LD_LIBRARY_PATHs of
+  // processes read, ld.so.cache, the default directories; then where other
+  // processes' files and programs are, and the paths their arguments named.
+  // Any order would do: a candidate must be the file.
   const std::string& prog = program_of(im);
   auto miss = not_found_.find({k.dev, k.inode, prog});
-  if (miss != not_found_.end() && miss->second == dirs_.size()) return "";
+  if (miss != not_found_.end() && miss->second == searched()) return "";
   if (!prog.empty()) {
     auto it = runpaths_.find(prog);
     if (it == runpaths_.end()) {
@@ -370,6 +403,7 @@ std::string Resolver::find_library(const KernelMapping& k, Image& im) {
     }
     for (const auto& d : it->second) dirs.push_back(&d);
   }
+  for (const auto& d : env_dirs_) dirs.push_back(&d);
   if (system_dirs_.empty()) system_dirs_ = system_library_dirs();
   for (const auto& d : system_dirs_) dirs.push_back(&d);
   for (const auto& d : dirs_) dirs.push_back(&d);
@@ -378,8 +412,42 @@ std::string Resolver::find_library(const KernelMapping& k, Image& im) {
     if (!tried.insert(*d).second) continue;
     if (std::string p = in_dir(*d, k); !p.empty()) return p;
   }
-  not_found_[{k.dev, k.inode, prog}] = dirs_.size();
+  // Loaded by its path (dlopen of a path, ld's -plugin): where a started
+  // process's arguments named a file of that name (a cut name: its start).
+  for (auto it = named_.lower_bound(k.path); it != named_.end() && it->first.starts_with(k.path); ++it) {
+    if (it->first != k.path && !k.name_cut) break;
+    for (const auto& p : it->second)
+      if (std::string f = in_dir(p.substr(0, p.rfind('/')), named_as(k, it->first)); !f.empty()) return f;
+  }
+  not_found_[{k.dev, k.inode, prog}] = searched();
   return "";
+}
+
+void Resolver::note_started(pid_t pid, Image& im) {
+  if (im.started_read) return;
+  im.started_read = true;
+  for (const auto& e : proc_strings(pid, "environ"))
+    if (e.starts_with("LD_LIBRARY_PATH=")) {
+      // $ORIGIN: the program's directory (not known yet: those are left out)
+      const std::string& prog = program_of(im);
+      std::string origin = prog.empty() ? "$ORIGIN" : prog.substr(0, std::max<size_t>(prog.rfind('/'), 1));
+      for (auto& d : runpath_dirs(e.substr(strlen("LD_LIBRARY_PATH=")), origin)) env_dirs_.insert(std::move(d));
+    }
+  // Absolute paths of shared objects among the arguments' words
+  // ("-plugin /x/liblto_plugin.so", "-fplugin=/x/p.so", a shell's -c text).
+  for (const auto& a : proc_strings(pid, "cmdline"))
+    for (size_t at = a.find('/'); at != std::string::npos; at = a.find('/', at)) {
+      if (at > 0 && !strchr(" \t=,:;'\"", a[at - 1])) {
+        at = a.find_first_of(" \t=,:;'\"", at);
+        continue;
+      }
+      size_t end = std::min(a.find_first_of(" \t,:;'\"", at), a.size());
+      std::string path = a.substr(at, end - at);
+      at = end;
+      std::string name = path.substr(path.rfind('/') + 1);
+      if (name.find(".so") != std::string::npos && path.size() < PATH_MAX && named_[name].insert(path).second)
+        named_files_++;
+    }
 }
 
 std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k, Image& im) {
@@ -415,7 +483,7 @@ std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k, Image
 }
 
 void Resolver::inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapping>* maps) {
-  note_paths(maps);
+  note_paths(child, maps);
   // The child starts with the parent's mappings (captured now, while it is
   // stopped at its first return). If it is already gone, or later exec's or
   // unmaps, addresses of blocks it inherited are looked up in the parent's.

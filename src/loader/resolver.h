@@ -115,6 +115,7 @@ class Resolver {
     std::vector<KernelMapping> pending;  // code mapped since its last /proc read
     KernelMapping exe;                   // the program's record (its exec's; a fork's: the parent's)
     std::string program;                 // exe's file, once found ("": not yet or never)
+    bool started_read = false;           // its environ and cmdline read (note_started)
   };
   // A read of pid's maps: done (drops what the kernel told before it: the
   // read has it), or failed (gives it to the space).
@@ -124,11 +125,18 @@ class Resolver {
   void flush(pid_t pid, Image& im);   // its pending records given now
   std::vector<procfs::Mapping> mappings_of(const KernelMapping& k, Image& im);
   // A library record's file by its name: in the program's RUNPATH/RPATH,
-  // ld.so.cache's and ld.so's default directories, the directories other
-  // processes' maps named; only a file whose (dev, inode) are the record's.
+  // LD_LIBRARY_PATH's, ld.so.cache's and ld.so's default directories, the
+  // directories other processes' maps named, the paths their arguments
+  // named; only a file whose (dev, inode) are the record's.
   std::string find_library(const KernelMapping& k, Image& im);
   const std::string& program_of(Image& im);
-  void note_paths(const std::vector<procfs::Mapping>* maps);
+  void note_paths(pid_t pid, const std::vector<procfs::Mapping>* maps);
+  // What pid was started with, read once per image while it lives: its
+  // LD_LIBRARY_PATH's directories and the shared objects its arguments
+  // name by path (ld's -plugin .../liblto_plugin.so, a dlopen's argument),
+  // where the libraries of gone processes are looked for too.
+  void note_started(pid_t pid, Image& im);
+  size_t searched() const { return dirs_.size() + env_dirs_.size() + named_files_; }
   // pid's image p lives in (by exec id; else the newest older one; else its first).
   const SpaceNode* node_of(const heap::Process& p) const;
   const Image* image_of(const heap::Process& p) const;
@@ -144,9 +152,13 @@ class Resolver {
   // process's libraries are found here.
   std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
   std::set<std::string> dirs_;                                 // their directories
+  std::set<std::pair<uint64_t, uint64_t>> foreign_;            // files of another root (a container's)
+  std::set<std::string> env_dirs_;                             // LD_LIBRARY_PATH's of processes read
+  std::map<std::string, std::set<std::string>> named_;         // file name -> paths arguments named
+  size_t named_files_ = 0;
   std::map<std::string, std::vector<std::string>> runpaths_;   // program -> its RUNPATH, $ORIGIN expanded
   std::vector<std::string> system_dirs_;                       // ld.so.cache's, then ld.so's defaults
-  // Files looked for in vain, by (dev, inode, program): dirs_'s size then
+  // Files looked for in vain, by (dev, inode, program): searched() then
   // (looked for again once more directories are known).
   std::map<std::tuple<uint64_t, uint64_t, std::string>, size_t> not_found_;
   size_t kernel_given_ = 0, kernel_unresolved_ = 0, misread_ = 0;

@@ -248,6 +248,76 @@ TEST_F(BusyHost, GoneProcessLibrariesAreFoundByNameInItsRunpath) {
 
 namespace {
 
+// The gone_lib libraries copied into a directory of their own (no other
+// process maps them, none of the loader's search directories holds them);
+// `run` is a shell command line run by /bin/sh with env added, in which
+// DIR stands for that directory; comm: its program, taken for gone unread.
+// Its output's "COMM PID" line names the process whose leak is checked.
+void check_gone_lib_copy(const std::string& comm, const std::string& run, const std::vector<std::string>& env) {
+  std::string dir = "/tmp/memtrace-gone-copy-" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir " + dir + " && cp " + target("libmt_gone_outer.so") + " " +
+                         target("libmt_gone_inner_with_a_file_name_longer_than_records_keep.so") + " " + dir)
+                            .c_str()),
+            0);
+  auto with_dir = [&](std::string s) {
+    for (size_t at; (at = s.find("DIR")) != std::string::npos;) s.replace(at, 3, dir);
+    return s;
+  };
+  std::string rep = tmpfile("gonecopy");
+  setenv("MEMTRACE_TEST_UNREADABLE_COMM", comm.c_str(), 1);
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "5"});
+  unsetenv("MEMTRACE_TEST_UNREADABLE_COMM");
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  for (const auto& e : env) argv.push_back(with_dir(e));
+  argv.insert(argv.end(), {"/bin/sh", "-c", with_dir(run)});
+  Child t = spawn(argv);
+  close(t.in);
+  std::string out = read_all(t.out), err = read_all(t.err);
+  close(t.out);
+  close(t.err);
+  ASSERT_EQ(wait_exit(t.pid), 0) << err;
+  pid_t pid = 0;
+  ASSERT_EQ(sscanf(out.c_str() + std::min(out.size(), out.find(' ') + 1), "%d", &pid), 1) << out;
+  sleep(1);
+  json j = stop_tool(m, rep, merr);
+  std::system(("rm -rf " + dir).c_str());
+  ASSERT_TRUE(j.is_object()) << merr;
+  const json& st = j["stats"];
+  std::cerr << "mappings_not_captured " << st["mappings_not_captured"] << ", from_kernel "
+            << st["mappings_from_kernel"] << ", unresolved " << st["mappings_from_kernel_unresolved"] << "\n";
+  const json* p = find_proc(j, pid);
+  ASSERT_TRUE(p) << j["processes"].size() << " processes";
+  expect_gone_lib_leak(*p);
+  EXPECT_TRUE(module_of(*leak_of(*p, 4321), "gone_lib_outer").starts_with(dir + "/")) << p->dump();
+}
+
+}  // namespace
+
+// The same, the libraries found by the LD_LIBRARY_PATH the program ran
+// with (its shell's: read while it waits), the program has no RUNPATH.
+TEST_F(BusyHost, GoneProcessLibrariesAreFoundInLdLibraryPath) {
+  check_gone_lib_copy("gone_lib_env", target("gone_lib_env") + "; true", {"LD_LIBRARY_PATH=DIR"});
+}
+
+// A library the program dlopens by a path (as ld its -plugin: gcc -flto's
+// liblto_plugin.so, from a directory of gcc's own): found where a process's
+// arguments named it (here the shell's command line; ld's parent collect2
+// is given the same arguments as ld).
+TEST_F(BusyHost, GoneProcessLibraryLoadedByPathIsFoundByTheArgumentsNamingIt) {
+  check_gone_lib_copy("dlopen_path", target("dlopen_path") + " DIR/libmt_gone_outer.so; true", {});
+}
+
+// Loaded from the directory of the program (gone unread, named only by the
+// kernel's record of its exec), by a path no argument names.
+TEST_F(BusyHost, GoneProcessLibraryLoadedFromItsProgramsDirectoryIsFound) {
+  check_gone_lib_copy("dlopen_path", "cp " + target("dlopen_path") + " DIR/ && DIR/dlopen_path libmt_gone_outer.so; true",
+                      {});
+}
+
+namespace {
+
 // fork_exec traced system-wide (unread: the loader takes it for gone before
 // each read, MEMTRACE_TEST_UNREADABLE_COMM): each of its three images
 // (parent, the forked child before its exec, the child's new program) has
