@@ -766,6 +766,7 @@ void expect_calls_recognized(const std::string& objdump, const std::string& lib,
   ASSERT_GT(calls, 1000u) << objdump << " " << lib;
   EXPECT_EQ(missed, 0u) << "of " << calls << " calls:\n" << missed_lines;
   ASSERT_GT(starts, 1000u);
+  std::cerr << lib << ": " << calls << " calls, " << taken << " of " << starts << " function starts taken\n";
   EXPECT_LT(taken * 100, starts * 15) << taken << " of " << starts << " function starts taken for return addresses";
 }
 }  // namespace
