@@ -25,6 +25,15 @@ void expect_no_losses(const json& rep) {
     EXPECT_EQ(rep["dropped"][k].get<long>(), 0) << k << " in " << rep["dropped"].dump();
 }
 
+// The leak group of `bytes` bytes of the process of that comm in a report.
+const json* leak_group(const json& rep, const char* comm, long bytes) {
+  const json* p = find_comm(rep, comm);
+  if (p)
+    for (const auto& g : (*p)["leaks"])
+      if (g["bytes"] == bytes) return &g;
+  return nullptr;
+}
+
 bool has_leak(const json& p, long bytes, long blocks) {
   for (const auto& l : p["leaks"])
     if (l["bytes"] == bytes && l["blocks"] == blocks) return true;
@@ -777,12 +786,8 @@ TEST_F(Tracing, CfiStacksThroughCodeWithoutFramePointers) {
   for (const Case& c : cases) {
     ToolRun t = run_tool({"--", UNW_DIR "/unwind_target", c.mode});
     ASSERT_EQ(t.code, 0) << t.err;
-    const json* p = find_comm(t.report, "unwind_target");
-    ASSERT_TRUE(p) << t.report.dump();
-    const json* grp = nullptr;
-    for (const auto& g : (*p)["leaks"])
-      if (g["bytes"] == 123457) grp = &g;
-    ASSERT_TRUE(grp) << (*p)["leaks"].dump();
+    const json* grp = leak_group(t.report, "unwind_target", 123457);
+    ASSERT_TRUE(grp) << t.report.dump();
     std::vector<std::string> got;
     for (const auto& f : (*grp)["stack"]) got.push_back(f.value("function", "?"));
     std::string all;
@@ -833,12 +838,8 @@ TEST_F(Tracing, StackPastCodeWithoutFramePointerIsCutAsTruncated) {
     std::string what = std::string(c.unwind) + (c.sealed ? " sealed" : " raw");
     ToolRun t = run_tool(args);
     ASSERT_EQ(t.code, 0) << t.err;
-    const json* p = find_comm(t.report, "stripped_nofp");
-    ASSERT_TRUE(p) << t.report.dump();
-    const json* grp = nullptr;
-    for (const auto& g : (*p)["leaks"])
-      if (g["bytes"] == 54321) grp = &g;
-    ASSERT_TRUE(grp) << (*p)["leaks"].dump();
+    const json* grp = leak_group(t.report, "stripped_nofp", 54321);
+    ASSERT_TRUE(grp) << t.report.dump();
     const json& st = (*grp)["stack"];
     ASSERT_EQ(st.size(), 1u) << what << ": " << st.dump();
     EXPECT_NE(st[0]["module"].get<std::string>().find("stripped_nofp"), std::string::npos) << st.dump();
