@@ -77,8 +77,14 @@ char process_state(pid_t pid) {
 }
 
 std::string openable_path(pid_t pid, const MapEntry& m) {
-  std::string root = "/proc/" + std::to_string(pid) + "/root" + m.path;
   struct stat st{};
+  // The same file at its own path here first: a path that outlives the
+  // process (system-wide, a short program is often gone before its new
+  // libc's probes are all attached, and /proc/PID/root with it).
+  if (!m.path.empty() && m.path[0] == '/' && stat(m.path.c_str(), &st) == 0 && st.st_ino == m.inode &&
+      st.st_dev == m.dev)
+    return m.path;
+  std::string root = "/proc/" + std::to_string(pid) + "/root" + m.path;
   if (stat(root.c_str(), &st) == 0 && st.st_ino == m.inode &&
       st.st_dev == m.dev)
     return root;

@@ -25,7 +25,8 @@ bool process_exists(pid_t pid);
 char process_state(pid_t pid);  // 'R', 'S', 'T', ... or 0
 
 // A path through which this process can open the file of mapping m of pid:
-// /proc/PID/root/PATH when that is the same inode (containers), else
+// PATH itself when it is the same inode here (it stays valid after pid is
+// gone), else /proc/PID/root/PATH when that is (containers), else
 // /proc/PID/map_files/START-END (deleted or replaced files).
 std::string openable_path(pid_t pid, const MapEntry& m);
 

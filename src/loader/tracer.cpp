@@ -564,6 +564,15 @@ void Tracer::read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id) {
   scan_system_allocators(pid, exec_id);
 }
 
+// System-wide: an attach through a file of pid's that failed because pid
+// went meanwhile (its file reached through /proc/PID: a container's) is
+// not the file's fault: the next process that maps it tries again.
+bool Tracer::attach_again_later(pid_t pid, const std::string& why) {
+  if (process_exists(pid)) return false;
+  log("pid " + std::to_string(pid) + " went during its attach (" + why + "); the next process mapping the file tries again");
+  return true;
+}
+
 void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
   if (self_exe_.second == 0) {
     struct stat st {};
@@ -598,6 +607,7 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
       if (system_probes_.count(ckey)) continue;
       if (o_.explain_probes) std::cerr << Attacher::explain(*cxx);
       auto set = attacher_->attach(*cxx, -1, openable_path(pid, m));
+      if (!set && attach_again_later(pid, set.error().message)) continue;
       if (!set) errors_.push_back(set.error().message);
       else log("attached system-wide to " + m.path);
       system_probes_[ckey] = set ? std::move(*set) : ProbeSet();
@@ -623,6 +633,7 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
     if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
     auto set = attacher_->attach(**obj, -1, openable_path(pid, where));
     if (!set) {
+      if (attach_again_later(pid, set.error().message)) continue;
       errors_.push_back(set.error().message);
       system_probes_[key] = ProbeSet();
       continue;

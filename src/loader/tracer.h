@@ -129,6 +129,7 @@ class Tracer {
   void resume(pid_t pid);
   uint32_t image_of(pid_t pid);
   void scan_system_allocators(pid_t only = -1, uint64_t exec_id = 0);
+  bool attach_again_later(pid_t pid, const std::string& why);
   // System-wide exec (exec_id: the exec's id, heap::Process::exec_ts) or new code (0).
   void read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id);
   // Every so often: raw stacks of ended images dropped, and BPF told to send them again.
