@@ -646,7 +646,12 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
 Result<void> Tracer::setup_targets() {
   if (system_wide_) {
     scan_system_allocators();
-    if (system_probes_.empty()) return Error::msg("no process on this system maps a known allocator");
+    // A machine (a container, a small guest) where nothing running maps an
+    // allocator yet: a program that starts later gets its libc's probes at
+    // its libc's mmap (MT_EV_LIBMAP), from then on.
+    if (system_probes_.empty())
+      std::cerr << "memtrace-bpf: no running process maps a known allocator yet; the first programs that map "
+                   "one are traced from when its probes are in\n";
     return {};
   }
   for (pid_t pid : o_.pids) {

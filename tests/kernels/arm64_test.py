@@ -505,18 +505,33 @@ cat /tmp/m.err
 echo "@@END bpf.Attach $mrc"
 
 bpf_two() {  # NAME TOOL-OPTIONS: alloc_rounds with 0 and 20 rounds, started after the tool, then SIGINT
-  rm -f /tmp/m.err /tmp/t0.out /tmp/t20.out /tmp/pids /tmp/hold /tmp/h.out
-  # System-wide needs one running process with an allocator to start from
-  # ("no process on this system maps a known allocator" otherwise: the
-  # guest's other processes are static busybox); it waits here till the end.
-  mkfifo /tmp/hold
-  $DYN --wait --rounds 0 < /tmp/hold > /tmp/h.out &
-  hold=$!
-  exec 5>/tmp/hold
-  waitfor /tmp/h.out ready
+  rm -f /tmp/m.err /tmp/t0.out /tmp/t20.out /tmp/tfirst.out /tmp/pids
+  # No running process maps an allocator when the tool starts (the guest's
+  # others are static busybox). System-wide, the first dynamic program's
+  # libc gets its probes at its mmap (MT_EV_LIBMAP), while the program runs
+  # on. The first one ends at once, before they are all in (they were
+  # attached through its /proc/PID/root, gone with it, and libc was never
+  # tried again: nothing traced); the next is held at "ready" until they
+  # are in (-v says so), then does 20 rounds, all seen; the two measured
+  # programs come after it.
   $TOOL --format json -o /tmp/w.json $2 2>/tmp/m.err &
   mp=$!
   waitfor /tmp/m.err tracing
+  if [ -n "$3" ]; then
+    $DYN --rounds 0 > /dev/null
+    rm -f /tmp/in
+    mkfifo /tmp/in
+    $DYN --wait --rounds 20 < /tmp/in > /tmp/tfirst.out &
+    tp=$!
+    exec 4>/tmp/in
+    waitfor /tmp/tfirst.out ready
+    waitfor /tmp/m.err "attached system-wide to .*libc"
+    echo >&4
+    echo >&4
+    exec 4>&-
+    wait $tp
+    echo "@@PID first $tp $?" >> /tmp/pids
+  fi
   for r in 0 20; do
     rm -f /tmp/in
     mkfifo /tmp/in
@@ -539,10 +554,6 @@ bpf_two() {  # NAME TOOL-OPTIONS: alloc_rounds with 0 and 20 rounds, started aft
   kill -INT $mp
   wait $mp
   mrc=$?
-  echo >&5
-  echo >&5
-  exec 5>&-
-  wait $hold
   echo "@@BEGIN $1"
   cat /tmp/pids
   cat /tmp/w.json
@@ -553,7 +564,7 @@ bpf_two() {  # NAME TOOL-OPTIONS: alloc_rounds with 0 and 20 rounds, started aft
   echo "@@END $1 $mrc"
 }
 bpf_two bpf.Comm "-c alloc_rounds"
-bpf_two bpf.SystemWide ""
+bpf_two bpf.SystemWide "-v" first
 echo "@@TIME $t0 $(cut -d' ' -f1 /proc/uptime)"
 """
 
@@ -827,6 +838,33 @@ def bpf_two_result(sec, name, comm_only):
                             f"{p1['summary']['frees'] - p0['summary']['frees']}, bytes "
                             f"{p1['summary']['bytes_allocated'] - p0['summary']['bytes_allocated']} = 20 rounds "
                             f"exactly; {n} processes in the report")
+
+
+def bpf_first_result(sec, name):
+    """System-wide started with no process mapping an allocator (the tool says
+    so): the first dynamic program started after it, held until its libc's
+    probes were in, has its 20 rounds seen (at least 20 rounds' allocations
+    and frees: what ld.so and libc's start did before the probes is not)."""
+    rc, body = sec.get(name, (None, ""))
+    pids = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(r"^@@PID (\S+) (\d+) (\d+)$", body, re.M)}
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    if "no running process maps a known allocator yet" not in err:
+        return False, "an allocator process was running when the tool started, or it did not say so: " + err[-800:]
+    try:
+        j = json.loads(js[js.index("{"):])
+    except ValueError:
+        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
+    per = per_round(out)
+    p = find_proc(j, pids["first"][0]) if "first" in pids else None
+    if rc != 0 or not per or not p:
+        return False, f"tool exit {rc}, pids {pids}, per_round {per}, first program in the report {bool(p)}: " + err[-800:]
+    why = ""
+    for k in ("allocs", "frees", "bytes_allocated"):
+        if p["summary"][k] < 20 * per[k]:
+            why += f"{k}: {p['summary'][k]} < {20 * per[k]}; "
+    return not why, why or (f"first program after the tool: allocs {p['summary']['allocs']}, frees "
+                            f"{p['summary']['frees']} (20 rounds: {20 * per['allocs']}, {20 * per['frees']})")
 
 
 def interrupt_result(sec, name, want_rc, report):
@@ -1244,6 +1282,7 @@ def cmd_test(a):
     rows.append(("bpf.AttachCountsOnlyAfterAttach", *bpf_attach_result(sec)))
     rows.append(("bpf.CommCountsProcessesStartedLater", *bpf_two_result(sec, "bpf.Comm", True)))
     rows.append(("bpf.SystemWideSeesProgramsItDidNotStart", *bpf_two_result(sec, "bpf.SystemWide", False)))
+    rows.append(("bpf.SystemWideStartsWithNoAllocatorProcess", *bpf_first_result(sec, "bpf.SystemWide")))
     # Not written yet: the result is that the tool says so (and exits 2, or
     # places its probes at the entry). Anything else is a failure.
     for name, want_rc in (("notyet.Rearm", 2),):
