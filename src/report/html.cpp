@@ -108,6 +108,20 @@ class PathFrames {
       for (int64_t f : of(path[i])) out.push_back(f);
     return out;
   }
+  // A raw stack's path cut before its first frame after the innermost that
+  // is no return address (FrameOut::untrusted, as frames_of cuts), and
+  // marked truncated; sealed stacks were cut when sealed.
+  void trim(std::vector<uint64_t>& path) {
+    if (p_.sealed || path.size() < 2) return;
+    size_t inner = path.size() - 1;
+    for (size_t i = inner; i-- > (path[0] == kTruncated ? 1 : 0);) {
+      auto fs = r_(p_, path[i], nullptr, true);
+      if (fs.empty() || !fs.front().untrusted) continue;
+      path.erase(path.begin(), path.begin() + i + 1);
+      path.insert(path.begin(), kTruncated);
+      return;
+    }
+  }
 
  private:
   const std::vector<int64_t>& of(uint64_t ip) {
@@ -219,6 +233,7 @@ Entries entries_of(const heap::HeapModel& m, const heap::Process& p, PathFrames&
   for (size_t k = 0; k < out.kept; k++) {
     const Row& row = rows[order[k].second];
     auto path = path_of(m, row.stack_id);
+    pf.trim(path);
     uint32_t node = 0;
     for (size_t d = 0; d < path.size(); d++) {
       auto [it, added] = child.try_emplace({node, path[d]}, static_cast<uint32_t>(node_at.size()));
@@ -234,7 +249,9 @@ Entries entries_of(const heap::HeapModel& m, const heap::Process& p, PathFrames&
   for (size_t k = out.kept; k < rows.size(); k++) {
     const Row& row = rows[order[k].second];
     uint32_t node = 0;
-    for (uint64_t ip : path_of(m, row.stack_id)) {
+    auto path = path_of(m, row.stack_id);
+    pf.trim(path);
+    for (uint64_t ip : path) {
       auto it = child.find({node, ip});
       if (it == child.end()) break;
       node = it->second;

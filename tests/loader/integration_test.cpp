@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "harness.h"
+#include "slurp.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
@@ -918,6 +919,18 @@ TEST_F(Tracing, StackPastCodeWithoutFramePointerIsCutAsTruncated) {
     EXPECT_TRUE((*grp)["stack_truncated"].get<bool>()) << what << ": " << grp->dump();
     if (c.sealed) EXPECT_GE(t.report["stats"]["model_sealed_images"].get<long>(), 1) << t.report["stats"].dump();
     expect_no_losses(t.report);
+  }
+  // The other outputs of a raw stack: cut as well (an unmapped frame is
+  // "0x3aef74d0" in the folded lines, "[0x3aef74d0]" on the page).
+  std::string folded = tmpfile("cut") + ".folded", html = tmpfile("cut") + ".html";
+  ToolRun o = run_argv({tool(), "-o", folded, "-o", html, "--", target("stripped_nofp")});
+  ASSERT_EQ(o.code, 0) << o.err;
+  for (const std::string& f : {folded, html}) {
+    std::string s = slurp(f);
+    EXPECT_NE(s.find("[truncated]"), std::string::npos) << f << ": " << s.substr(0, 2000);
+    EXPECT_EQ(s.find("unmapped"), std::string::npos) << f;
+    EXPECT_EQ(s.find("3aef74d0"), std::string::npos) << f;
+    unlink(f.c_str());
   }
 }
 
