@@ -675,7 +675,7 @@ struct entry {
   void* fn;        /* libc's function, as first resolved (real.X becomes the stub) */
   uint8_t orig[16]; /* the loader's: the bytes its jmp replaced, */
   uint8_t orig_len; /* how many (0: not patched), */
-  uint8_t jmp[5];   /* and the jmp it wrote there */
+  uint8_t patched[16]; /* and those bytes as it left them (its jmp in them) */
 };
 static struct entry g_entries[MT_INJ_ENTRY_MAX];
 static uint32_t g_entry_count;
@@ -739,8 +739,8 @@ static void list_entries(struct mt_inj_hdr* r) {
     r->entries[i].stub = *e->real != e->fn ? (uintptr_t)*e->real : 0;
     r->entries[i].orig_slot = (uintptr_t)e->orig;
     _Static_assert(offsetof(struct entry, orig_len) == offsetof(struct entry, orig) + 16 &&
-                       offsetof(struct entry, jmp) == offsetof(struct entry, orig) + 17,
-                   "orig, orig_len, jmp: the 22 bytes the loader writes (ring.h orig_slot)");
+                       offsetof(struct entry, patched) == offsetof(struct entry, orig) + 17,
+                   "orig, orig_len, patched: the 33 bytes the loader writes (ring.h orig_slot)");
     snprintf(r->entries[i].name, sizeof r->entries[i].name, "%s", e->name);
   }
 }
@@ -755,11 +755,11 @@ static void unpatch_in_child(void) {
     struct entry* e = &g_entries[i];
     uint8_t* p = (uint8_t*)e->fn;
     uint32_t n = e->orig_len;
-    if (!n || n > sizeof e->orig || n < sizeof e->jmp || e->jmp[0] != 0xe9) continue;
-    /* Our jmp, but for a uprobe's int3 on any of its bytes (a byte of the
-     * jmp is never 0xcc). */
+    if (!n || n > sizeof e->orig) continue;
+    /* As the loader left them, but for a uprobe's int3 on any byte (a byte
+     * of its jmp is never 0xcc). */
     int ours = 1;
-    for (uint32_t k = 0; k < sizeof e->jmp; k++) ours &= p[k] == e->jmp[k] || p[k] == 0xcc;
+    for (uint32_t k = 0; k < n; k++) ours &= p[k] == e->patched[k] || p[k] == 0xcc;
     if (!ours) continue;
     uintptr_t lo = (uintptr_t)p & ~(uintptr_t)4095, hi = ((uintptr_t)p + n + 4095) & ~(uintptr_t)4095;
     if (mprotect((void*)lo, hi - lo, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) continue;

@@ -150,9 +150,9 @@ struct mt_inj_hdr {
 		uint64_t hook;      /* where its entry jumps (agent) */
 		uint64_t real_slot; /* the agent's pointer the hook calls the original through (agent) */
 		uint64_t stub;      /* the stub: 0 until patched; the agent gives an earlier session's (agent, loader) */
-		uint64_t orig_slot; /* 22 bytes of the agent's where the loader leaves the bytes it replaced (16), their
-		                     * count (1) and the jmp it wrote (5): a fork's child puts them back (its tracer's
-		                     * uprobes need the original) */
+		uint64_t orig_slot; /* 33 bytes of the agent's where the loader leaves the entry's first bytes as the
+		                     * file has them (16), their count (1) and as it patched them (16): a fork's child
+		                     * puts them back (its tracer's uprobes need the original) */
 		char name[32];      /* agent */
 	} entries[MT_INJ_ENTRY_MAX];
 };

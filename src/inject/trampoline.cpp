@@ -245,18 +245,74 @@ struct Plan {
   std::vector<uint64_t> real_slots;  // the entry's and its aliases' (aligned_alloc is memalign in glibc)
   std::vector<uint8_t> orig;         // the file's bytes of [fn, fn + len)
   std::vector<uint8_t> stub_code;
-  size_t len = 0;
+  std::vector<uint8_t> glue;         // undoes the kept instructions before the hook
+  size_t len = 0;                    // bytes relocated into the stub: [0, len)
+  size_t keep = 0;                   // the jmp is at fn + keep: [0, keep) stays as the file has it
 };
 
-// The agent's record of a patched entry (orig_slot): the bytes replaced,
-// their count, the jmp written.
-constexpr size_t kOrigBytes = 16 + 1 + kJmpLen;
+// The agent's record of a patched entry (orig_slot): its first bytes as
+// the file has them, their count, and as patched.
+constexpr size_t kOrigBytes = 16 + 1 + 16;
 
 std::array<uint8_t, kJmpLen> jmp_of(const Plan& p) {
   std::array<uint8_t, kJmpLen> j{0xe9};
-  int32_t d = static_cast<int32_t>(static_cast<int64_t>(p.island) - static_cast<int64_t>(p.fn + kJmpLen));
+  int32_t d = static_cast<int32_t>(static_cast<int64_t>(p.island) - static_cast<int64_t>(p.fn + p.keep + kJmpLen));
   memcpy(j.data() + 1, &d, 4);
   return j;
+}
+
+// Where the jmp goes: after the instructions a uprobe may sit on, the
+// first one (bcc's, bpftrace's, perf's offset 0) and those the BPF path
+// chooses for this function (probes::place_function: its entry and return
+// probes). A uprobe there runs the file's instruction and goes on after
+// it, in bytes that are the file's; its unregister puts back the file's
+// byte, over nothing of ours. Their effects are undone (glue) before the
+// hook, which starts as at the entry: a push by lea rsp, [rsp + 8]; flags
+// (test, cmp), a copy into a scratch register and a conditional branch
+// (free's NULL test: taken, the call goes on without the hook) need
+// nothing. Anything else is not kept: the
+// function is refused.
+Result<void> keep_probed(const std::vector<uint8_t>& code, uint64_t fn, const elf::ElfFile& elf, const elf::Symbol& sym,
+                         const std::string& name, Plan* p) {
+  thread_local Capstone cs;
+  if (!cs.ok) return Error::msg("capstone: cannot open x86-64");
+  probes::Role role = probes::Role::kAlignedNew;
+  for (uint32_t r = 0; r < static_cast<uint32_t>(probes::Role::kCount); r++)
+    if (name == probes::role_name(static_cast<probes::Role>(r))) role = static_cast<probes::Role>(r);
+  probes::Placement pl = probes::place_function(elf, sym, probes::needs_for(role), probes::KernelCaps::running(), false);
+  size_t keep = 0;
+  for (uint64_t x : {uint64_t{0}, pl.offset, probes::return_probe_offset(pl)}) {
+    if (x >= code.size()) return Error::msg("a probe offset +" + hex(x) + " past its code");
+    InsnList one;
+    one.n = cs_disasm(cs.h, code.data() + x, code.size() - x, fn + x, 1, &one.p);
+    if (one.n != 1) return Error::msg("undecodable instruction at +" + hex(x));
+    keep = std::max<size_t>(keep, x + one.p[0].size);
+  }
+  p->keep = keep;
+  p->glue.clear();
+  for (size_t off = 0; off < keep;) {
+    InsnList one;
+    one.n = cs_disasm(cs.h, code.data() + off, code.size() - off, fn + off, 1, &one.p);
+    if (one.n != 1) return Error::msg("undecodable instruction at +" + hex(off));
+    const cs_insn& i = one.p[0];
+    const cs_x86& x = i.detail->x86;
+    bool reg_push = i.id == X86_INS_PUSH && x.op_count == 1 && x.operands[0].type == X86_OP_REG;
+    // A copy into rax, r10 or r11 (no argument, caller-saved: the hook may
+    // find anything there) needs nothing either: reallocarray's mov rax, rsi.
+    bool scratch_mov = i.id == X86_INS_MOV && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
+                       x.operands[1].type != X86_OP_MEM &&
+                       (x.operands[0].reg == X86_REG_RAX || x.operands[0].reg == X86_REG_EAX ||
+                        x.operands[0].reg == X86_REG_R10 || x.operands[0].reg == X86_REG_R11);
+    if (scratch_mov) {
+    } else if (reg_push) {
+      for (uint8_t b : {0x48, 0x8d, 0x64, 0x24, 0x08}) p->glue.push_back(b);  // lea rsp, [rsp + 8]
+    } else if (!(i.id == X86_INS_TEST || i.id == X86_INS_CMP || i.id == X86_INS_NOP || i.id == X86_INS_ENDBR64 ||
+                 branch_of(i).kind == 'k')) {
+      return Error::msg(text(i, fn) + ", before the probed instructions' end (+" + hex(keep) + "), cannot be undone");
+    }
+    off += i.size;
+  }
+  return {};
 }
 
 Result<void> mem_write(int mem, uint64_t addr, const void* p, size_t n) {
@@ -268,11 +324,11 @@ Result<void> mem_write(int mem, uint64_t addr, const void* p, size_t n) {
 // whose rel32 has no 0xcc byte. A uprobe placed at one of those bytes
 // before (a launched program's, being closed) or after would take that
 // byte for its own breakpoint and put the original back at unregister.
-std::optional<uint64_t> island_for(uint64_t tramp, uint32_t i, uint64_t fn) {
+std::optional<uint64_t> island_for(uint64_t tramp, uint32_t i, uint64_t from) {
   for (uint64_t j = 0; j < 15; j++)
-    for (uint64_t k = 0; k < 16; k++) {
+    for (uint64_t k = 0; k < 12; k++) {  // an island: up to 64 bytes
       uint64_t isl = tramp + 4096 + j * 8192 + i * 256 + k * 16;
-      int64_t d = static_cast<int64_t>(isl) - static_cast<int64_t>(fn + kJmpLen);
+      int64_t d = static_cast<int64_t>(isl) - static_cast<int64_t>(from + kJmpLen);
       if (!fits32(d)) continue;
       uint32_t u = static_cast<uint32_t>(static_cast<int32_t>(d));
       bool cc = false;
@@ -398,7 +454,11 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
     std::vector<uint64_t> incoming;
     for (auto it = std::upper_bound(all.begin(), all.end(), sym->vaddr); it != all.end() && *it <= sym->vaddr + 31; ++it)
       incoming.push_back(*it - sym->vaddr);
-    auto rel = relocate_prologue(code, body, e.fn, p.stub, kJmpLen, incoming);
+    if (auto k = keep_probed(code, e.fn, *elf, *sym, name, &p); !k) {
+      rep.refused.push_back(name + ": " + k.error().message);
+      continue;
+    }
+    auto rel = relocate_prologue(code, body, e.fn, p.stub, p.keep + kJmpLen, incoming);
     if (!rel) {
       rep.refused.push_back(name + ": " + rel.error().message);
       continue;
@@ -408,7 +468,11 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
                             " bytes, more than a stub's " + std::to_string(MT_INJ_TRAMP_SLOT));
       continue;
     }
-    auto isl = island_for(tramp, i, e.fn);
+    if (rel->len > 16 || p.glue.size() + 14 > 64) {
+      rep.refused.push_back(name + ": " + std::to_string(rel->len) + " bytes to relocate, more than 16");
+      continue;
+    }
+    auto isl = island_for(tramp, i, e.fn + p.keep);
     if (!isl) {
       rep.refused.push_back(name + ": no jump to the trampoline area without a 0xcc byte");
       continue;
@@ -464,23 +528,25 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
         if (p.len) {
           // The replaced bytes, for a fork's child to put back (agent.c).
           uint8_t orig[kOrigBytes] = {0};
-          memcpy(orig, p.orig.data(), std::min<size_t>(p.len, 16));
+          memcpy(orig, p.orig.data(), p.len);
           orig[16] = static_cast<uint8_t>(p.len);
-          if (p.len > 16) orig[16] = 0;
-          memcpy(orig + 17, jmp_of(p).data(), kJmpLen);
+          memcpy(orig + 17, p.orig.data(), p.len);
+          memcpy(orig + 17 + p.keep, jmp_of(p).data(), kJmpLen);
           if (p.orig_slot)
             if (auto w = mem_write(mem.get(), p.orig_slot, orig, sizeof orig); !w) return w.error();
-          uint8_t island[16] = {0xff, 0x25, 0, 0, 0, 0};  // jmp [rip+0]; .quad hook
-          memcpy(island + 6, &p.hook, 8);
-          island[14] = island[15] = 0xcc;
+          // The kept instructions undone, then jmp [rip+0]; .quad hook.
+          std::vector<uint8_t> island = p.glue;
+          for (uint8_t b : {0xff, 0x25, 0, 0, 0, 0}) island.push_back(b);
+          island.resize(island.size() + 8);
+          memcpy(island.data() + island.size() - 8, &p.hook, 8);
           if (auto w = mem_write(mem.get(), p.stub, p.stub_code.data(), p.stub_code.size()); !w) return w.error();
-          if (auto w = mem_write(mem.get(), p.island, island, sizeof island); !w) return w.error();
+          if (auto w = mem_write(mem.get(), p.island, island.data(), island.size()); !w) return w.error();
         }
         for (uint64_t slot : p.real_slots)
           if (auto w = mem_write(mem.get(), slot, &p.stub, 8); !w) return w.error();
         if (p.len) {
           auto jmp = jmp_of(p);
-          if (auto w = mem_write(mem.get(), p.fn, jmp.data(), jmp.size()); !w) return w.error();
+          if (auto w = mem_write(mem.get(), p.fn + p.keep, jmp.data(), jmp.size()); !w) return w.error();
           rep.patched++;
         }
         __atomic_store_n(&hdr->entries[p.index].stub, p.stub, __ATOMIC_RELEASE);
@@ -522,12 +588,12 @@ Result<uint32_t> unpatch_entries(pid_t pid, mt_inj_hdr* hdr) {
       if (pread(mem.get(), orig, sizeof orig, static_cast<off_t>(e.orig_slot)) != static_cast<ssize_t>(sizeof orig)) continue;
       size_t n = orig[16];
       if (n) {
-        if (n < kJmpLen || n > 16 || orig[17] != 0xe9) continue;
+        if (n < kJmpLen || n > 16) continue;
         uint8_t now[16];
         if (pread(mem.get(), now, n, static_cast<off_t>(e.fn)) != static_cast<ssize_t>(n)) continue;
-        // Our jmp, but for a uprobe's int3 on any of its bytes.
+        // As patched, but for a uprobe's int3 on any byte.
         bool ours = true;
-        for (size_t k = 0; k < kJmpLen; k++) ours &= now[k] == orig[17 + k] || now[k] == 0xcc;
+        for (size_t k = 0; k < n; k++) ours &= now[k] == orig[17 + k] || now[k] == 0xcc;
         if (!ours) continue;
         for (size_t k = 0; k < n; k++)
           if (now[k] != 0xcc) now[k] = orig[k];  // a uprobe's int3 stays, on the original instruction
