@@ -189,7 +189,7 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
             // at the entry, or the ip); a later one that is no return
             // address ends what can be trusted.
             if (!j.locs.empty() && !j.map.ranges.empty() &&
-                (l.module == j.map.unknown || (j.map.follows_call && !j.map.follows_call(l)))) {
+                (l.module == j.map.unknown ? !j.map.jit : j.map.follows_call && !j.map.follows_call(l))) {
               truncated = true;
               break;
             }

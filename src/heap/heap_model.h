@@ -284,6 +284,9 @@ struct ImageMap {
   // pointer walk through code that keeps none read words that are no
   // frames). Unset: no frame in a range is doubted.
   std::function<bool(const Loc&)> follows_call;
+  // The image has a JIT's code (anonymous executable memory): an address in
+  // no range may be code made after its mappings were read; not cut there.
+  bool jit = false;
 };
 using Locator = std::function<ImageMap(const Process& p)>;
 

@@ -552,6 +552,7 @@ heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
   m.follows_call = [&sym](const heap::Loc& l) { return sym.follows_call_at(l.module, l.offset); };
   int hops = 0;
   for (const SpaceNode* n = node; n && hops < 16; n = n->parent.get(), hops++) {
+    m.jit |= sym.has_anonymous_code(n->as);
     // An ancestor's ranges only where the nearer spaces have none.
     std::vector<heap::ImageRange> add;
     for (const auto& r : sym.location_ranges(n->as)) {
@@ -584,12 +585,14 @@ std::vector<report::FrameOut> Resolver::resolve(const heap::Process& p, uint64_t
 
 bool follows_call(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr) {
   bool known = false;  // some space has mappings: an address in none of them is no frame
+  bool jit = false;    // unless one has a JIT's code (made since the read, maybe)
   for (int hops = 0; node && hops < 16; node = node->parent.get(), hops++) {
     if (sym.symbolize(node->as, addr, true).unknown != symbolize::Unknown::Unmapped)
       return sym.follows_call(node->as, addr);
     known |= node->as.mapping_count() > 0;
+    jit |= sym.has_anonymous_code(node->as);
   }
-  return !known;
+  return !known || jit;
 }
 
 }  // namespace memtrace::loader

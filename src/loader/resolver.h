@@ -35,7 +35,8 @@ std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const S
                                              bool return_address, const char* missing);
 // Could addr be a return address in node's address space (else its
 // ancestors')? symbolize::follows_call in the first that maps it; false in
-// none while one has mappings; true when none has (nothing is known).
+// none while one has mappings, but for a JIT's process (anonymous code:
+// made since the read, maybe); true when none has (nothing is known).
 bool follows_call(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t addr);
 // Where the code of node's address space lies (its own mappings first, then
 // its ancestors' in the gaps): what the heap model seals an image's stacks by.

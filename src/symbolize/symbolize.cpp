@@ -411,6 +411,12 @@ bool Symbolizer::follows_call_at(uint32_t module, uint64_t offset) {
   return module_follows_call(m->module.get(), offset);
 }
 
+bool Symbolizer::has_anonymous_code(const AddressSpace& as) const {
+  for (const auto& e : as.impl().all)
+    if (e->failure == Unknown::Anonymous && e->info.path.empty()) return true;  // not [vdso], [uprobes]
+  return false;
+}
+
 std::string Symbolizer::debug_file(const AddressSpace& as, uint64_t address) {
   const MapEntry* e = as.impl().find(address);
   if (!e || !e->module) return "";

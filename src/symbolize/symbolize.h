@@ -141,6 +141,9 @@ class Symbolizer {
   // The same for a location (module id, file offset): false for
   // unmapped_module().
   bool follows_call_at(uint32_t module, uint64_t offset);
+  // as has executable memory with no file behind it (a JIT's code): an
+  // address in no mapping of it may be code made since it was read.
+  bool has_anonymous_code(const AddressSpace& as) const;
 
   // From now on, debug files missing locally are asked of debuginfod (when
   // Options::debuginfod): modules read without it while deferred are read
