@@ -1156,6 +1156,10 @@ static long mt_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void
  * and are not seen (x86 flags them); kernel accesses to user memory (no
  * FAULT_FLAG_USER: uaccess, GUP) are not user faults, as on x86. */
 enum fault_flag___mt { FAULT_FLAG_VMA_LOCK___mt = 4096 }; /* 6.4+ */
+/* A fault flag's value: from the kernel's enum fault_flag (5.17+), else its
+ * #define of 5.10-5.16, which had the same values (include/linux/mm.h). */
+#define MT_FAULT_FLAG(name, old) \
+	(bpf_core_enum_value_exists(enum fault_flag, name) ? bpf_core_enum_value(enum fault_flag, name) : (old))
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -1173,7 +1177,7 @@ int BPF_KPROBE(mt_page_fault, struct vm_area_struct *vma, unsigned long address,
 	__u32 fflags = 0;
 	__u64 error_code;
 
-	if (!(flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_USER)))
+	if (!(flags & MT_FAULT_FLAG(FAULT_FLAG_USER, 0x40)))
 		return 0;
 	if (!system_wide) {
 		if (!bpf_map_lookup_elem(&targets, &tgid))
@@ -1182,7 +1186,7 @@ int BPF_KPROBE(mt_page_fault, struct vm_area_struct *vma, unsigned long address,
 		count(MT_C_FAULTS_FILTERED);
 		return 0;
 	}
-	if (flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_TRIED)) {
+	if (flags & MT_FAULT_FLAG(FAULT_FLAG_TRIED, 0x20)) {
 		if (bpf_core_enum_value_exists(enum fault_flag___mt, FAULT_FLAG_VMA_LOCK___mt))
 			bpf_map_delete_elem(&fault_vma_locked, &tid);
 		return 0;
@@ -1207,11 +1211,11 @@ int BPF_KPROBE(mt_page_fault, struct vm_area_struct *vma, unsigned long address,
 	 * instruction fetch 0x10) made from the fault flags; present (0x1) is
 	 * not known here. */
 	error_code = 0x4;
-	if (flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_WRITE)) {
+	if (flags & MT_FAULT_FLAG(FAULT_FLAG_WRITE, 0x01)) {
 		error_code |= MT_PF_WRITE;
 		fflags |= MT_F_FAULT_WRITE;
 	}
-	if (flags & bpf_core_enum_value(enum fault_flag, FAULT_FLAG_INSTRUCTION)) {
+	if (flags & MT_FAULT_FLAG(FAULT_FLAG_INSTRUCTION, 0x100)) {
 		error_code |= MT_PF_INSTR;
 		fflags |= MT_F_FAULT_INSTR;
 	}
