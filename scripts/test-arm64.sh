@@ -6,7 +6,7 @@
 # the parts not written for arm64 yet, which must say so in one line. One
 # PASS/FAIL line per test; exit 1 on any failure. Not in CI (docs/arm64.md:
 # how long it takes).
-#   sudo scripts/test-arm64.sh [--kernel 6.1|6.12|linux-image-...-arm64] [--build DIR]
+#   sudo scripts/test-arm64.sh [--kernel 6.1|6.12|5.10|linux-image-...-arm64] [--build DIR]
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 exec python3 "$ROOT/tests/kernels/arm64_test.py" test "$@"

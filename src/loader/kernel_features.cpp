@@ -114,9 +114,9 @@ KernelFeatures probe_kernel() {
     k.exit_group_dead = tp_args(vmlinux, "sched_process_exit") >= 2;
 #if defined(__aarch64__)
     // No page_fault_user tracepoint on arm64: the fault program is a kprobe
-    // on handle_mm_fault (bpf/memtrace.bpf.c), whose flags it reads by CO-RE.
+    // on handle_mm_fault (bpf/memtrace.bpf.c), whose flags it reads by CO-RE
+    // (enum fault_flag, 5.17+; before, the values of 5.10's #defines).
     k.page_fault_tp = btf__find_by_name_kind(vmlinux, "handle_mm_fault", BTF_KIND_FUNC) > 0 &&
-                      btf__find_by_name_kind(vmlinux, "fault_flag", BTF_KIND_ENUM) > 0 &&
                       (access("/sys/bus/event_source/devices/kprobe/type", R_OK) == 0 ||
                        access("/sys/kernel/tracing/kprobe_events", F_OK) == 0 ||
                        access("/sys/kernel/debug/tracing/kprobe_events", F_OK) == 0);

@@ -130,18 +130,26 @@ def kernel_image(version, cache, patterns=PATTERNS):
             sys.exit(f"kernel-test: no package matches {regex} in Debian's lists")
     else:
         sys.exit(f"kernel-test: unknown kernel {version!r}: use {', '.join(sorted(patterns))} or a linux-image-* package name")
-    pkg = names[-1]
-    kdir = os.path.join(cache, pkg)
-    images = glob.glob(os.path.join(kdir, "boot", "vmlinuz-*"))
-    if images:
-        return pkg, images[0]
+    # The newest first; an older one of the line when the archive does not
+    # serve it (bullseye-security's arm64 -46 was a 404 where the suite's
+    # own -32 downloaded).
+    for pkg in reversed(names):
+        kdir = os.path.join(cache, pkg)
+        images = glob.glob(os.path.join(kdir, "boot", "vmlinuz-*"))
+        if images:
+            return pkg, images[0]
+        dl = os.path.join(cache, "download")
+        os.makedirs(dl, exist_ok=True)
+        os.chmod(dl, 0o777)
+        log("apt-get download", pkg)
+        got = subprocess.run(["apt-get"] + opts + ["-o", "APT::Sandbox::User=root", "download", pkg], cwd=dl,
+                             stdout=subprocess.DEVNULL)
+        if got.returncode == 0:
+            break
+        log(f"{pkg} could not be downloaded" + ("; trying an older one" if pkg != names[0] else ""))
+    else:
+        sys.exit(f"kernel-test: none of {', '.join(names)} could be downloaded")
     os.makedirs(kdir, exist_ok=True)
-    dl = os.path.join(cache, "download")
-    os.makedirs(dl, exist_ok=True)
-    os.chmod(dl, 0o777)
-    log("apt-get download", pkg)
-    run(["apt-get"] + opts + ["-o", "APT::Sandbox::User=root", "download", pkg], cwd=dl,
-        stdout=subprocess.DEVNULL)
     deb = glob.glob(os.path.join(dl, pkg + "_*.deb"))[0]
     tar = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", deb], stdout=subprocess.PIPE)
     run(["tar", "-x", "-C", kdir, "--wildcards", "./boot/vmlinuz-*"], stdin=tar.stdout)
