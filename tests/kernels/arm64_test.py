@@ -218,6 +218,7 @@ TARGETS = [  # build-tree files the guest runs
     "src/singlestep-helper/memtrace-singlestep",
     "tests/targets/alloc_rounds",
     "tests/targets/alloc_rounds_static",
+    "tests/targets/cxx_new",
 ]
 
 FAULT_TARGET = "arm64-test/targets/fault_target"  # under the build dir, compiled from tests/faults
@@ -249,6 +250,7 @@ UNWIND_EXPECT = {
 TEST_INIT = r"""TOOL=@TOOL@
 STATIC=@STATIC@
 DYN=@DYN@
+CXX=@CXX@
 FAULT=@FAULT@
 UNW=@UNW@
 SS=@SS@
@@ -281,6 +283,16 @@ launch dyn.Launch. 0 $DYN
 launch dyn.Launch. 20 $DYN
 launch threads4.Launch. 0 "$DYN --threads 4"
 launch threads4.Launch. 20 "$DYN --threads 4"
+# Placements past the entry (tests/probes/arm64/cxx_placement.py): libstdc++'s
+# aligned operator new has its entry probe past stp x29, x30; the sizes the
+# program asked for come out only if the caller's sp is found from there.
+launch cxx.Launch. 0 "$CXX"
+launch cxx.Launch. 20 "$CXX"
+echo "@@BEGIN cxx.Explain"
+$TOOL --explain-probes --no-stacks -o /tmp/e.txt -- $CXX --rounds 1 >/dev/null 2>/tmp/e.err
+rc=$?
+grep "aligned_new\|kernel refused" /tmp/e.err
+echo "@@END cxx.Explain $rc"
 
 # Page faults (a kprobe on handle_mm_fault): fault_target as tests/faults
 # runs it, with one fault trace line per fault, then --faults alone.
@@ -629,12 +641,15 @@ def make_test_initramfs(build, work, cache):
             kt.copy_to(payload, lib, "/usr" + lib)  # merged /usr: both paths
         elif lib.startswith("/usr/lib/"):
             kt.copy_to(payload, lib, lib[4:])
+        else:  # the cross packages' /usr/aarch64-linux-gnu/lib (libstdc++): where ld.so looks
+            kt.copy_to(payload, lib, "/lib/aarch64-linux-gnu/" + os.path.basename(lib))
     for i in interps:  # /lib/ld-linux-aarch64.so.1 -> the multiarch file
         src = i if os.path.exists(i) else os.path.join("/usr/lib/aarch64-linux-gnu", os.path.basename(i))
         kt.copy_to(payload, src, i)
     init = INIT_HEAD + (TEST_INIT.replace("@TOOL@", os.path.join(build, "src/loader/memtrace-bpf"))
                         .replace("@STATIC@", os.path.join(build, "tests/targets/alloc_rounds_static"))
                         .replace("@DYN@", os.path.join(build, "tests/targets/alloc_rounds"))
+                        .replace("@CXX@", os.path.join(build, "tests/targets/cxx_new"))
                         .replace("@FAULT@", os.path.join(build, FAULT_TARGET))
                         .replace("@UNW@", os.path.join(build, UNWIND_TARGET))
                         .replace("@SS@", os.path.join(build, SS_TARGET))
@@ -839,6 +854,23 @@ def bpf_two_result(sec, name, comm_only):
                             f"{p1['summary']['frees'] - p0['summary']['frees']}, bytes "
                             f"{p1['summary']['bytes_allocated'] - p0['summary']['bytes_allocated']} = 20 rounds "
                             f"exactly; {n} processes in the report")
+
+
+def cxx_result(sec):
+    """cxx_new (tests/probes/arm64/cxx_placement.py's check): 20 rounds minus 0
+    exactly, with the sizes the program asked for, nothing dropped; the
+    aligned operator new's probe placement as --explain-probes gives it."""
+    ok, why = kt.launch_counts(sec, "cxx.Launch.", "cxx_new")
+    rc, b = sec.get("cxx.Launch.20", (None, ""))
+    try:
+        drops = {k: v for k, v in json.loads(b.partition("@@STDOUT\n")[0]).get("dropped", {}).items() if v}
+    except ValueError:
+        drops = {}
+    if drops:
+        ok, why = False, why + f" dropped {drops}"
+    m = re.search(r"per_round .*", b)
+    place = re.search(r"^\s*\S*aligned_new\S*\s+(\S+\+0x[0-9a-f]+) .*$", sec.get("cxx.Explain", (None, ""))[1], re.M)
+    return ok, why or ((m.group(0) if m else "") + (f"; aligned new probed at {place.group(1)}" if place else ""))
 
 
 def bpf_first_result(sec, name):
@@ -1273,6 +1305,7 @@ def cmd_test(a):
             why = why_not(sec.get(prefix + "20", (None, why))[1]) if NOT_YET in why else why
         rows.append((prefix.replace("Launch.", "LaunchCountsExactly"), ok, why))
     rows.append(("threads4.LaunchCountsExactly", *threads_result(sec, 4, 20)))
+    rows.append(("cxx.AlignedNewPastTheEntryCountsExactly", *cxx_result(sec)))
     rows.append(("dyn.LeakStackThroughMain", *stack_result(sec, "alloc_rounds")))
     rows.append(("faults.TraceChargesEveryPageOnce", *faults_result(sec, "faults.Trace")))
     rows.append(("faults.ReportChargesEveryPageOnce", *faults_result(sec, "faults.Report")))
@@ -1315,7 +1348,7 @@ def cmd_test(a):
     for name, ok, detail in rows:
         if name.startswith("notyet.") and ok:
             print(f"PASS {name} (says: {detail})")
-        elif name.startswith(("faults.", "unwind.", "track.", "bpf.")) and ok:
+        elif name.startswith(("faults.", "unwind.", "track.", "bpf.", "cxx.")) and ok:
             print(f"PASS {name} ({detail})")
         else:
             print(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok or not detail else ": " + detail.replace("\n", "\n    ")))
