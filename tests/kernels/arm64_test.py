@@ -824,19 +824,26 @@ def bpf_attach_result(sec):
     return not why, why or ("; ".join(f"{k} {p['summary'][k]}" for k in per) + " = 20 rounds exactly")
 
 
-def bpf_two_result(sec, name, comm_only):
-    """-c alloc_rounds / system-wide: alloc_rounds --rounds 20 minus --rounds 0,
-    both started after the tool, exactly 20 rounds; -c leaves another command
-    out."""
+def bpf_two_parts(sec, name):
+    """A bpf_two section: (exit code, {@@PID name: (pid, status)}, the report
+    or None, the 20-round program's per_round, the tool's stderr, why not)."""
     rc, body = sec.get(name, (None, ""))
     pids = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(r"^@@PID (\S+) (\d+) (\d+)$", body, re.M)}
     js, _, rest = body.partition("@@STDOUT\n")
     out, _, err = rest.partition("@@STDERR\n")
     try:
-        j = json.loads(js[js.index("{"):])
+        return rc, pids, json.loads(js[js.index("{"):]), per_round(out), err, ""
     except ValueError:
-        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
-    per = per_round(out)
+        return rc, pids, None, None, err, f"exit {rc}, no report: " + body.strip()[-1500:]
+
+
+def bpf_two_result(sec, name, comm_only):
+    """-c alloc_rounds / system-wide: alloc_rounds --rounds 20 minus --rounds 0,
+    both started after the tool, exactly 20 rounds; -c leaves another command
+    out."""
+    rc, pids, j, per, err, bad = bpf_two_parts(sec, name)
+    if j is None:
+        return False, bad
     p0 = find_proc(j, pids["0"][0]) if "0" in pids else None
     p1 = find_proc(j, pids["20"][0]) if "20" in pids else None
     if rc != 0 or not per or not p0 or not p1:
@@ -878,17 +885,11 @@ def bpf_first_result(sec, name):
     so): the first dynamic program started after it, held until its libc's
     probes were in, has its 20 rounds seen (at least 20 rounds' allocations
     and frees: what ld.so and libc's start did before the probes is not)."""
-    rc, body = sec.get(name, (None, ""))
-    pids = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(r"^@@PID (\S+) (\d+) (\d+)$", body, re.M)}
-    js, _, rest = body.partition("@@STDOUT\n")
-    out, _, err = rest.partition("@@STDERR\n")
+    rc, pids, j, per, err, bad = bpf_two_parts(sec, name)
     if "no running process maps a known allocator yet" not in err:
         return False, "an allocator process was running when the tool started, or it did not say so: " + err[-800:]
-    try:
-        j = json.loads(js[js.index("{"):])
-    except ValueError:
-        return False, f"exit {rc}, no report: " + body.strip()[-1500:]
-    per = per_round(out)
+    if j is None:
+        return False, bad
     p = find_proc(j, pids["first"][0]) if "first" in pids else None
     if rc != 0 or not per or not p:
         return False, f"tool exit {rc}, pids {pids}, per_round {per}, first program in the report {bool(p)}: " + err[-800:]
