@@ -119,6 +119,7 @@ void Resolver::exec(pid_t pid, uint64_t exec_id, const std::vector<procfs::Mappi
   if (v.empty() || v.back().exec_id != exec_id) {
     if (!v.empty()) ended(pid, v.back());
     v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
+    if (v.size() > 1) v.back().parent = v[v.size() - 2].parent;
   }
   // Its own code now: gone before this read, its frames have no mappings of
   // their own (the parent's, if forked, are another program's).
@@ -174,6 +175,7 @@ void Resolver::kernel_mapped(pid_t pid, const KernelMapping& k) {
     if (!im) {
       if (!v.empty()) ended(pid, v.back());
       v.push_back(Image{k.exec_id, std::make_shared<SpaceNode>()});
+      if (v.size() > 1) v.back().parent = v[v.size() - 2].parent;
       im = &v.back();
     }
     im->exe = k;  // kept: its libraries are looked for in its RUNPATH
@@ -208,6 +210,7 @@ void Resolver::unreadable(pid_t pid, uint64_t exec_id) {
   if (exec_id && (v.empty() || v.back().exec_id != exec_id)) {
     if (!v.empty()) ended(pid, v.back());
     v.push_back(Image{exec_id, std::make_shared<SpaceNode>()});
+    if (v.size() > 1) v.back().parent = v[v.size() - 2].parent;
   }
   current(pid);
   if (v.back().node->as.mapping_count() == 0) never_captured_.insert(pid);
@@ -419,6 +422,10 @@ std::string Resolver::find_library(const KernelMapping& k, Image& im) {
     for (const auto& p : it->second)
       if (std::string f = in_dir(p.substr(0, p.rfind('/')), named_as(k, it->first)); !f.empty()) return f;
   }
+  // Its parent (a shell, make, collect2: waiting for it, alive still)
+  // read now: a parent read before its own exec, or never, has told
+  // nothing of what it started this process with.
+  if (im.parent && parents_read_.insert(im.parent).second && note_strings(im.parent, "")) return find_library(k, im);
   not_found_[{k.dev, k.inode, prog}] = searched();
   return "";
 }
@@ -426,10 +433,14 @@ std::string Resolver::find_library(const KernelMapping& k, Image& im) {
 void Resolver::note_started(pid_t pid, Image& im) {
   if (im.started_read) return;
   im.started_read = true;
+  note_strings(pid, program_of(im));
+}
+
+bool Resolver::note_strings(pid_t pid, const std::string& prog) {
+  size_t before = searched();
   for (const auto& e : proc_strings(pid, "environ"))
     if (e.starts_with("LD_LIBRARY_PATH=")) {
       // $ORIGIN: the program's directory (not known yet: those are left out)
-      const std::string& prog = program_of(im);
       std::string origin = prog.empty() ? "$ORIGIN" : prog.substr(0, std::max<size_t>(prog.rfind('/'), 1));
       for (auto& d : runpath_dirs(e.substr(strlen("LD_LIBRARY_PATH=")), origin)) env_dirs_.insert(std::move(d));
     }
@@ -448,6 +459,7 @@ void Resolver::note_started(pid_t pid, Image& im) {
       if (name.find(".so") != std::string::npos && path.size() < PATH_MAX && named_[name].insert(path).second)
         named_files_++;
     }
+  return searched() != before;
 }
 
 std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k, Image& im) {
@@ -494,6 +506,7 @@ void Resolver::inherit(pid_t parent, pid_t child, const std::vector<procfs::Mapp
   if (auto it = images_.find(parent); it != images_.end() && !it->second.empty())
     node->parent = it->second.back().node;
   images_[child] = {Image{0, std::move(node)}};  // a reused pid starts afresh
+  images_[child].back().parent = parent;
   capture(child, maps);
 }
 
@@ -511,6 +524,7 @@ void Resolver::forked(pid_t parent, pid_t child, uint64_t fork_ts) {
   std::erase_if(v, [&](const Image& im) { return im.exec_id ? im.exec_id < fork_ts : im.since < fork_ts; });
   if (v.empty() || v.front().exec_id) v.insert(v.begin(), Image{0, std::make_shared<SpaceNode>()});
   Image& first = v.front();
+  for (Image& im : v) im.parent = parent;
   // The child may end (exec) before the parent's image is read: what the
   // kernel told of the parent's mappings goes to its space now.
   if (from) flush(parent, const_cast<Image&>(*from));

@@ -117,6 +117,7 @@ class Resolver {
     KernelMapping exe;                   // the program's record (its exec's; a fork's: the parent's)
     std::string program;                 // exe's file, once found ("": not yet or never)
     bool started_read = false;           // its environ and cmdline read (note_started)
+    pid_t parent = 0;                    // the process that forked it (0: not known)
   };
   // A read of pid's maps: done (drops what the kernel told before it: the
   // read has it), or failed (gives it to the space).
@@ -137,6 +138,9 @@ class Resolver {
   // name by path (ld's -plugin .../liblto_plugin.so, a dlopen's argument),
   // where the libraries of gone processes are looked for too.
   void note_started(pid_t pid, Image& im);
+  // pid's environ and cmdline (prog: its program, for $ORIGIN; "": not
+  // known): true when they told of a place not known before.
+  bool note_strings(pid_t pid, const std::string& prog);
   size_t searched() const { return dirs_.size() + env_dirs_.size() + named_files_; }
   // pid's image p lives in (by exec id; else the newest older one; else its first).
   const SpaceNode* node_of(const heap::Process& p) const;
@@ -157,6 +161,7 @@ class Resolver {
   std::set<std::string> env_dirs_;                             // LD_LIBRARY_PATH's of processes read
   std::map<std::string, std::set<std::string>> named_;         // file name -> paths arguments named
   size_t named_files_ = 0;
+  std::set<pid_t> parents_read_;  // parents read at a lookup (once each)
   std::map<std::string, std::vector<std::string>> runpaths_;   // program -> its RUNPATH, $ORIGIN expanded
   std::vector<std::string> system_dirs_;                       // ld.so.cache's, then ld.so's defaults
   // Files looked for in vain, by (dev, inode, program): searched() then
