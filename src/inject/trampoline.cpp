@@ -603,7 +603,7 @@ Result<uint32_t> unpatch_entries(pid_t pid, mt_inj_hdr* hdr) {
       // Its pointer (and its aliases') to the original itself again: the
       // agent lists it as not patched to the next session.
       for (uint32_t j = 0; j < count; j++)
-        if (hdr->entries[j].fn == e.fn && hdr->entries[j].stub) {
+        if (hdr->entries[j].fn == e.fn && hdr->entries[j].real_slot) {
           uint64_t fn = e.fn;
           (void)mem_write(mem.get(), hdr->entries[j].real_slot, &fn, 8);
           if (j != i) __atomic_store_n(&hdr->entries[j].stub, uint64_t{0}, __ATOMIC_RELEASE);
