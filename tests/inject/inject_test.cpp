@@ -2,6 +2,8 @@
 // records read from the shared ring into the heap model, counts exact; the
 // target outlives the tool (detach, SIGKILL). tests/inject/inject_target.c
 // knows its own counts.
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/ptrace.h>
@@ -931,6 +933,57 @@ TEST(Inject, DlsymPointerCallsAreSeen) {
   EXPECT_EQ(without.patched, 0u);
   EXPECT_EQ(without.m333, 0);
   EXPECT_EQ(without.c444, 0);
+}
+
+// Issue 21, item 11: the entries a session patched are as they were once
+// it ends cleanly (a later uprobe finds libc's own bytes), and a second
+// session patches them again; while a session records, they differ.
+TEST(Inject, CleanEndPutsEntriesBackAndReattachPatchesAgain) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child c = spawn({std::string(TARGET_DIR) + "/dlsym_target", "10"});
+  std::string out;
+  pid_t pid = ready_pid(c, &out);
+  ASSERT_EQ(pid, c.pid) << out;
+  int mem = open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(mem, 0);
+  auto entry_bytes = [&](uint64_t fn) {
+    std::string b(16, '\0');
+    EXPECT_EQ(pread(mem, b.data(), b.size(), static_cast<off_t>(fn)), 16);
+    return b;
+  };
+  inject::SessionOptions o;
+  o.agent = AGENT;
+  o.ring_mb = 16;
+  o.stack_mode = MT_INJ_STACK_FP;
+  std::string patched0, after0;
+  for (int round = 0; round < 2; round++) {
+    auto s = inject::Session::start(pid, o);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_GE((*s)->patch_report().patched, 9u) << "round " << round;
+    EXPECT_EQ((*s)->patch_report().already, 0u) << "round " << round;
+    const auto& e0 = const_cast<const mt_inj_hdr&>((*s)->ring().hdr()).entries[0];
+    ASSERT_EQ(std::string(e0.name), "malloc");
+    uint64_t fn = e0.fn;
+    std::string patched = entry_bytes(fn);
+    (*s)->detach();
+    std::string after = entry_bytes(fn);
+    EXPECT_NE(patched, after) << "round " << round;
+    if (round == 0) {
+      patched0 = patched;
+      after0 = after;
+      // libc's own bytes: this process's malloc, the same file.
+      void* mine = dlsym(RTLD_DEFAULT, "malloc");
+      ASSERT_TRUE(mine);
+      EXPECT_EQ(after, std::string(static_cast<const char*>(mine), 16));
+    } else {
+      EXPECT_EQ(patched, patched0);  // the same stubs and islands again
+      EXPECT_EQ(after, after0);
+    }
+  }
+  close(mem);
+  EXPECT_EQ(write(c.in, "\n", 1), 1);
+  close(c.in);
+  EXPECT_EQ(exit_within(pid, 10000), 0);
 }
 
 // Issue 21, item 11: tests/targets/dlopen_alloc dlopen's a library whose
