@@ -131,6 +131,10 @@ def run_once(w, mode, tool, tmp):
             if not line:
                 target.kill()
                 raise RuntimeError("%s: the tool ended before tracing" % mode)
+            if "uprobes instead" in line:
+                # An --inject attach refused (the process gets the BPF path):
+                # its round measures the BPF path, said so.
+                print("  %s: not injected: %s" % (mode, line.strip()), file=sys.stderr, flush=True)
             if "tracing" in line:
                 break
     t0 = time.monotonic()
