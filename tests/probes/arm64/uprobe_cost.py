@@ -12,7 +12,6 @@ counts is simulated vs stepped out of line vs refused, and their ratio.
 import argparse
 import os
 import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "kernels"))
 import arm64_test as at  # noqa: E402
 import kernel_test as kt  # noqa: E402
 
-CLASSES = ["cbz", "adrp", "stp", "mov", "nop", "bti", "paciasp", "autiasp", "ldrlit", "ldxr"]
+CLASSES = at.UPROBE_CLASSES
 
 
 def main():
@@ -36,34 +35,10 @@ def main():
     pkg, image = kt.kernel_image(a.kernel, cache, at.PATTERNS)
     work = os.path.join(build, "arm64-uprobe-cost", a.kernel)
     os.makedirs(work, exist_ok=True)
-    prog = os.path.join(work, "uprobe_classes")
-    kt.run(["aarch64-linux-gnu-gcc", "-O2", "-static", "-o", prog, os.path.join(HERE, "uprobe_classes.c"),
-            os.path.join(HERE, "uprobe_classes.S")])
-    nm = subprocess.run(["aarch64-linux-gnu-nm", prog], capture_output=True, text=True, check=True).stdout
-    sym = {m.group(2): int(m.group(1), 16) for m in re.finditer(r"^([0-9a-f]+) T u_(\w+)$", nm, re.M)}
-    ph = subprocess.run(["readelf", "-lW", prog], capture_output=True, text=True, check=True).stdout
-    segs = [(int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16))
-            for m in re.finditer(r"LOAD\s+0x([0-9a-f]+) 0x([0-9a-f]+) 0x[0-9a-f]+ 0x([0-9a-f]+) .*E", ph)]
-    def file_off(v):
-        for off, vaddr, sz in segs:
-            if vaddr <= v < vaddr + sz:
-                return v - vaddr + off
-        sys.exit(f"no executable segment holds {v:#x}")
+    prog, offs = at.uprobe_classes(work)
     stage = at.stage_base(work, cache)
     kt.copy_to(stage, prog, "/uprobe_classes")
-    body = "T=/sys/kernel/tracing\n"
-    for c in CLASSES:
-        off = file_off(sym[c])
-        body += f"""echo "@@BEGIN {c}"
-/uprobe_classes {c} {a.n}
-echo 'p:u_{c} /uprobe_classes:{off:#x}' >> $T/uprobe_events
-echo 1 > $T/events/uprobes/u_{c}/enable
-/uprobe_classes {c} {a.n}
-echo "hits $(grep u_{c} $T/uprobe_profile)"
-echo 0 > $T/events/uprobes/u_{c}/enable
-echo '-:u_{c}' >> $T/uprobe_events
-echo "@@END {c} 0"
-"""
+    body = at.uprobe_class_script("/uprobe_classes", offs, a.n, True)
     with open(os.path.join(stage, "init"), "w") as f:
         f.write(at.INIT_HEAD + body + at.INIT_TAIL)
     os.chmod(os.path.join(stage, "init"), 0o755)
@@ -81,8 +56,7 @@ echo "@@END {c} 0"
     for c in CLASSES:
         rc, b = sec.get(c, (None, ""))
         ns = [float(x) for x in re.findall(r"calls (\d+) ns/call", b)]
-        h = re.search(r"^hits\s+\S+\s+\S+\s+(\d+)", b, re.M)
-        hits = int(h.group(1)) if h else -1
+        hits = at.uprobe_hits(b)
         if len(ns) == 2:
             print(f"{c:10} {texts[c]:28} {hits:>8} {ns[0]:>12.0f} {ns[1]:>10.0f} {(ns[1] - ns[0]) / 1000:>9.2f}")
         else:
