@@ -248,6 +248,7 @@ struct Plan {
   std::vector<uint8_t> glue;         // undoes the kept instructions before the hook
   size_t len = 0;                    // bytes relocated into the stub: [0, len)
   size_t keep = 0;                   // the jmp is at fn + keep: [0, keep) stays as the file has it
+  bool thunk = false;                // a jmp to another function among them: nothing to patch here
 };
 
 // The agent's record of a patched entry (orig_slot): its first bytes as
@@ -267,10 +268,11 @@ std::array<uint8_t, kJmpLen> jmp_of(const Plan& p) {
 // probes). A uprobe there runs the file's instruction and goes on after
 // it, in bytes that are the file's; its unregister puts back the file's
 // byte, over nothing of ours. Their effects are undone (glue) before the
-// hook, which starts as at the entry: a push by lea rsp, [rsp + 8]; flags
-// (test, cmp), a copy into a scratch register and a conditional branch
-// (free's NULL test: taken, the call goes on without the hook) need
-// nothing. Anything else is not kept: the
+// hook, which starts as at the entry: a push by lea rsp, [rsp + 8], a sub
+// rsp by lea; flags (test, cmp), a copy into a scratch register and a
+// conditional branch (free's NULL test: taken, the call goes on without
+// the hook) need nothing. A direct jmp or call (a thunk, a wrapper of
+// another allocator function) leaves the function alone, silently. Anything else is not kept: the
 // function is refused.
 Result<void> keep_probed(const std::vector<uint8_t>& code, uint64_t fn, const elf::ElfFile& elf, const elf::Symbol& sym,
                          const std::string& name, Plan* p) {
@@ -303,7 +305,22 @@ Result<void> keep_probed(const std::vector<uint8_t>& code, uint64_t fn, const el
                        x.operands[1].type != X86_OP_MEM &&
                        (x.operands[0].reg == X86_REG_RAX || x.operands[0].reg == X86_REG_EAX ||
                         x.operands[0].reg == X86_REG_R10 || x.operands[0].reg == X86_REG_R11);
-    if (scratch_mov) {
+    bool sub_rsp = i.id == X86_INS_SUB && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
+                   x.operands[0].reg == X86_REG_RSP && x.operands[1].type == X86_OP_IMM && x.operands[1].imm >= 0 &&
+                   x.operands[1].imm < (1 << 20);
+    Branch b = branch_of(i);
+    if ((b.kind == 'j' || b.kind == 'c') && b.target != fn) {
+      // A thunk or wrapper (libstdc++'s aligned new[] jumps to new through
+      // its PLT, the nothrow forms call it first): the function it goes to
+      // is hooked through its own entry or GOT slot; this one is left as
+      // it is.
+      p->thunk = true;
+      return Error::msg(text(i, fn) + ": goes to another entry first");
+    } else if (scratch_mov) {
+    } else if (sub_rsp) {
+      int32_t n = static_cast<int32_t>(x.operands[1].imm);  // lea rsp, [rsp + n]
+      for (uint8_t b : {0x48, 0x8d, 0xa4, 0x24}) p->glue.push_back(b);
+      for (int k = 0; k < 4; k++) p->glue.push_back(static_cast<uint8_t>(static_cast<uint32_t>(n) >> (8 * k)));
     } else if (reg_push) {
       for (uint8_t b : {0x48, 0x8d, 0x64, 0x24, 0x08}) p->glue.push_back(b);  // lea rsp, [rsp + 8]
     } else if (!(i.id == X86_INS_TEST || i.id == X86_INS_CMP || i.id == X86_INS_NOP || i.id == X86_INS_ENDBR64 ||
@@ -455,7 +472,7 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
     for (auto it = std::upper_bound(all.begin(), all.end(), sym->vaddr); it != all.end() && *it <= sym->vaddr + 31; ++it)
       incoming.push_back(*it - sym->vaddr);
     if (auto k = keep_probed(code, e.fn, *elf, *sym, name, &p); !k) {
-      rep.refused.push_back(name + ": " + k.error().message);
+      if (!p.thunk) rep.refused.push_back(name + ": " + k.error().message);
       continue;
     }
     auto rel = relocate_prologue(code, body, e.fn, p.stub, p.keep + kJmpLen, incoming);
