@@ -105,6 +105,23 @@ uint64_t address_of(const Process& p, const Loc& l) {
   return it != p.bias.end() && it->first == l.module ? it->second + l.offset : l.offset;
 }
 
+size_t trusted_frames(size_t n, const std::function<FrameTrust(size_t)>& trust) {
+  for (size_t i = 1; i < n; i++) {
+    FrameTrust t = trust(i);
+    if (t == FrameTrust::Good) continue;
+    if (t == FrameTrust::Unmapped) {
+      size_t j = i + 1;
+      while (j < n && trust(j) == FrameTrust::Unmapped) j++;
+      if (j < n && trust(j) == FrameTrust::Good) {
+        i = j;
+        continue;
+      }
+    }
+    return i;
+  }
+  return n;
+}
+
 void HeapModel::set_locator(Locator l, bool keep_blocks) {
   locator_ = std::move(l);
   keep_blocks_ = keep_blocks;
@@ -182,18 +199,21 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
           const Stack* st = stack(raw);
           if (!st || st->sealed) continue;  // never received (counted as missing): stays as it was
           j.locs.clear();
+          for (uint64_t ip : st->ips) j.locs.push_back(locate(ip));
           bool truncated = st->truncated;
-          for (uint64_t ip : st->ips) {
-            Loc l = locate(ip);
-            // The first frame is the probe's own (its return address read
-            // at the entry, or the ip); a later one that is no return
-            // address ends what can be trusted.
-            if (!j.locs.empty() && !j.map.ranges.empty() &&
-                (l.module == j.map.unknown ? !j.map.jit : j.map.follows_call && !j.map.follows_call(l))) {
+          // The first frame is the probe's own (its return address read at
+          // the entry, or the ip); a later one that is no return address
+          // ends what can be trusted.
+          if (!j.map.ranges.empty()) {
+            size_t keep = trusted_frames(j.locs.size(), [&](size_t i) {
+              const Loc& l = j.locs[i];
+              if (l.module == j.map.unknown) return j.map.jit ? FrameTrust::Good : FrameTrust::Unmapped;
+              return j.map.follows_call && !j.map.follows_call(l) ? FrameTrust::Bad : FrameTrust::Good;
+            });
+            if (keep < j.locs.size()) {
+              j.locs.resize(keep);
               truncated = true;
-              break;
             }
-            j.locs.push_back(l);
           }
           it->second = intern(j.locs, truncated);
         }

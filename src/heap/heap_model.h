@@ -290,6 +290,16 @@ struct ImageMap {
 };
 using Locator = std::function<ImageMap(const Process& p)>;
 
+// What a frame of a stack is, for cutting a walk that went wrong: a return
+// address; no return address (the bytes before it are no call); or in no
+// known mapping (the doubt of ImageMap::follows_call).
+enum class FrameTrust { Good, Bad, Unmapped };
+// How many of a stack's n frames (innermost first) to keep: up to its first
+// frame after the innermost that is Bad or Unmapped, but an Unmapped one
+// (or a run of them) that a Good frame follows is kept: a JIT's code made
+// since its process was read, its callers' frames after it (node).
+size_t trusted_frames(size_t n, const std::function<FrameTrust(size_t)>& trust);
+
 class HeapModel {
  public:
   HeapModel();

@@ -113,14 +113,13 @@ class PathFrames {
   // marked truncated; sealed stacks were cut when sealed.
   void trim(std::vector<uint64_t>& path) {
     if (p_.sealed || path.size() < 2) return;
-    size_t inner = path.size() - 1;
-    for (size_t i = inner; i-- > (path[0] == kTruncated ? 1 : 0);) {
-      auto fs = r_(p_, path[i], nullptr, true);
-      if (fs.empty() || !fs.front().untrusted) continue;
-      path.erase(path.begin(), path.begin() + i + 1);
-      path.insert(path.begin(), kTruncated);
-      return;
-    }
+    size_t first = path[0] == kTruncated ? 1 : 0;
+    std::vector<std::vector<FrameOut>> each;  // innermost first
+    for (size_t i = path.size(); i-- > first;) each.push_back(r_(p_, path[i], nullptr, true));
+    size_t keep = trusted_addresses(each);
+    if (keep == each.size()) return;
+    path.erase(path.begin(), path.end() - keep);
+    path.insert(path.begin(), kTruncated);
   }
 
  private:

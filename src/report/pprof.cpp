@@ -167,24 +167,21 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
       if (!c.live_bytes && !c.live_blocks && !c.alloc_bytes && !c.alloc_count) continue;
       std::vector<uint64_t> loc_ids;
       const heap::Stack* s = c.stack_id ? m.stack(c.stack_id) : nullptr;
-      size_t n = 0;
-      bool cut = false;  // before a raw stack's first later frame that is no return address (frames_of)
+      std::vector<uint64_t> addrs;
+      std::vector<std::vector<FrameOut>> each;
       if (s)
         for_each_frame(p, *s, [&](uint64_t addr, const heap::Loc* loc) {
-          if (cut) return;
-          n++;
-          // An address seen before is its location: symbolized once per profile.
-          if (auto known = locations.find({p.pid, addr}); known != locations.end()) {
-            loc_ids.push_back(known->second);
-            return;
-          }
-          auto fs = r(p, addr, loc, true);
-          if (n > 1 && !fs.empty() && fs.front().untrusted) {
-            cut = true;
-            return;
-          }
-          if (!fs.empty()) loc_ids.push_back(location_id(p.pid, addr, fs));
+          addrs.push_back(addr);
+          each.push_back(r(p, addr, loc, true));
         });
+      // Cut before a raw stack's first later frame that is no return address (frames_of).
+      for (size_t i = 0, keep = trusted_addresses(each); i < keep; i++) {
+        // An address seen before is its location: symbolized once per profile.
+        if (auto known = locations.find({p.pid, addrs[i]}); known != locations.end())
+          loc_ids.push_back(known->second);
+        else if (!each[i].empty())
+          loc_ids.push_back(location_id(p.pid, addrs[i], each[i]));
+      }
       if (loc_ids.empty()) {
         if (!no_stack_loc) {
           no_stack_loc = locations.size() + 1;

@@ -45,19 +45,20 @@ std::vector<FrameOut> frames_of(const heap::HeapModel& m, const Resolver& r, con
   const heap::Stack* st = m.stack(stack_id);
   if (!st) return out;
   if (truncated) *truncated = st->truncated;
-  size_t n = 0;
-  bool cut = false;
-  for_each_frame(p, *st, [&](uint64_t addr, const heap::Loc* loc) {
-    if (cut) return;
-    auto fs = r(p, addr, loc, true);
-    if (n++ && !fs.empty() && fs.front().untrusted) {  // the first frame is the probe's own
-      cut = true;
-      if (truncated) *truncated = true;
-      return;
-    }
-    for (auto& f : fs) out.push_back(std::move(f));
-  });
+  std::vector<std::vector<FrameOut>> each;
+  for_each_frame(p, *st, [&](uint64_t addr, const heap::Loc* loc) { each.push_back(r(p, addr, loc, true)); });
+  size_t keep = trusted_addresses(each);
+  if (keep < each.size() && truncated) *truncated = true;
+  for (size_t i = 0; i < keep; i++)
+    for (auto& f : each[i]) out.push_back(std::move(f));
   return out;
+}
+
+size_t trusted_addresses(const std::vector<std::vector<FrameOut>>& resolved) {
+  return heap::trusted_frames(resolved.size(), [&](size_t i) {
+    if (resolved[i].empty() || !resolved[i].front().untrusted) return heap::FrameTrust::Good;
+    return resolved[i].front().unknown == "unmapped" ? heap::FrameTrust::Unmapped : heap::FrameTrust::Bad;
+  });
 }
 
 nlohmann::json frames_json(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,

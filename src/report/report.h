@@ -31,6 +31,11 @@ struct FrameOut {
   bool untrusted = false;
 };
 
+// How many of a stack's addresses to keep, each resolved (innermost first):
+// heap::trusted_frames over FrameOut::untrusted (an untrusted frame in no
+// mapping is Unmapped).
+size_t trusted_addresses(const std::vector<std::vector<FrameOut>>& resolved);
+
 // Symbolize one frame of a stack of image p (return_address: look up
 // address-1): an address in p's mappings (raw stacks: loc is null), or a
 // location (sealed stacks; address is where it was in p, for show).

@@ -459,3 +459,23 @@ TEST(Analyses, AnyRecordsKeepThemConsistentAndBounded) {
     EXPECT_LE(p.timeline.size(), memtrace::heap::kTimelinePoints);
   }
 }
+
+// Where a stack that went wrong is cut (heap::trusted_frames): G a return
+// address, B no return address, U in no known mapping. The first frame is
+// the probe's own; a run of U that a G follows is a JIT's code (kept).
+TEST(TrustedFrames, CutAtTheFirstFrameNoCallPrecedesButKeepJitCodeWithCallersAfterIt) {
+  using memtrace::heap::FrameTrust;
+  auto keep = [](const std::string& s) {
+    return memtrace::heap::trusted_frames(s.size(), [&](size_t i) {
+      return s[i] == 'G' ? FrameTrust::Good : s[i] == 'B' ? FrameTrust::Bad : FrameTrust::Unmapped;
+    });
+  };
+  EXPECT_EQ(keep(""), 0u);
+  EXPECT_EQ(keep("GGGG"), 4u);
+  EXPECT_EQ(keep("BGGG"), 4u);   // the first frame is never doubted
+  EXPECT_EQ(keep("GBU"), 1u);    // stripped_nofp: leaf, &leaf, 0x3aef74d0
+  EXPECT_EQ(keep("GGU"), 2u);    // an unmapped last frame
+  EXPECT_EQ(keep("GUUG"), 4u);   // JIT frames, then their callers (node)
+  EXPECT_EQ(keep("GUUB"), 1u);   // unmapped words, then no return address
+  EXPECT_EQ(keep("GUGB"), 3u);
+}
