@@ -713,22 +713,17 @@ static __always_inline void map_event_lib(__u64 pid_tgid, __u64 start, __u64 len
 	bpf_ringbuf_submit(e, 0);
 }
 
-SEC("tracepoint/syscalls/sys_exit_mmap")
-int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
+/* The end of a traced mmap: the record, and for executable file mappings the
+ * loader told (system-wide) or the process stopped for it. Shared by the
+ * system-call tracepoint and the fexit program. */
+static __always_inline void mmap_done(__u64 pid_tgid, __u64 ret, struct mt_sysargs args)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
-	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
-	__u64 ret = ctx->ret;
+	__u32 tgid = pid_tgid >> 32;
 	__u32 flags = 0;
 	__u64 stack_id = 0;
 
-	if (!a)
-		return 0;
-	struct mt_sysargs args = *a;
-	bpf_map_delete_elem(&sysargs, &tid);
 	if (ret >= (__u64)-4095)
-		return 0;
+		return;
 	if (args.internal)
 		flags |= MT_F_ALLOCATOR_INTERNAL;
 	else if (!((__s32)args.a3 >= 0) || /* anonymous direct mapping: keep its stack */
@@ -757,6 +752,20 @@ int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 			  (t->state == MT_TS_TRACED && !(t->follow & MT_FOLLOW_NO_STOP))))
 			proc_event(MT_EV_LIBMAP, MT_F_STOPPED, pid_tgid, 0, 0, ret, args.a0);
 	}
+}
+
+SEC("tracepoint/syscalls/sys_exit_mmap")
+int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+
+	if (!a)
+		return 0;
+	struct mt_sysargs args = *a;
+	bpf_map_delete_elem(&sysargs, &tid);
+	mmap_done(pid_tgid, ctx->ret, args);
 	return 0;
 }
 
@@ -823,6 +832,89 @@ int mt_exit_brk(struct trace_event_raw_sys_exit *ctx)
 	bpf_map_delete_elem(&sysargs, &tid);
 	emit(MT_EV_BRK, args.internal ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ctx->ret, args.a0, 0,
 	     0, 0, 0, 0);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * The same four system calls on fentry/fexit of their functions, loaded
+ * instead of the tracepoints above where the kernel allows (the loader's
+ * KernelFeatures::syscall_fexit). While any syscalls:* tracepoint is attached
+ * every system call of every task takes the kernel's slow path
+ * (TIF_SYSCALL_TRACEPOINT): 40 ns more on each here, and on 6.11+ each traced
+ * allocator call's return is a system call (the uretprobe trampoline). One
+ * fexit also replaces an enter/exit pair and its sysargs entry: the
+ * arguments are still in the saved registers when the function returns.
+ * ---------------------------------------------------------------------- */
+#ifdef __TARGET_ARCH_arm64
+#define MT_SYS(name) "__arm64_sys_" #name
+#define SYS_A0(r) ((r)->orig_x0) /* x0 is the return value's register */
+#define SYS_A1(r) ((r)->regs[1])
+#define SYS_A2(r) ((r)->regs[2])
+#define SYS_A3(r) ((r)->regs[3])
+#define SYS_A4(r) ((r)->regs[4])
+#define SYS_A5(r) ((r)->regs[5])
+#else
+#define MT_SYS(name) "__x64_sys_" #name
+#define SYS_A0(r) ((r)->di)
+#define SYS_A1(r) ((r)->si)
+#define SYS_A2(r) ((r)->dx)
+#define SYS_A3(r) ((r)->r10)
+#define SYS_A4(r) ((r)->r8)
+#define SYS_A5(r) ((r)->r9)
+#endif
+
+SEC("?fexit/" MT_SYS(mmap))
+int BPF_PROG(mt_fexit_mmap, const struct pt_regs *regs, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	/* len, prot, flags, fd; the offset (pages) for MT_EV_MAPFILE */
+	struct mt_sysargs a = {.a0 = SYS_A1(regs), .a1 = SYS_A2(regs), .a2 = SYS_A3(regs), .a3 = SYS_A4(regs),
+			       .internal = in_allocator((__u32)pid_tgid)};
+	if (system_wide)
+		a.pgoff_pages = SYS_A5(regs) >> 12;
+	mmap_done(pid_tgid, ret, a);
+	return 0;
+}
+
+SEC("?fentry/" MT_SYS(munmap))
+int BPF_PROG(mt_fentry_munmap, const struct pt_regs *regs)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	/* Before the unmap, as the tracepoint: no mapping another thread gets
+	 * at this address can be recorded before this record. */
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	emit(MT_EV_MUNMAP, in_allocator((__u32)pid_tgid) ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid,
+	     SYS_A0(regs), SYS_A1(regs), 0, 0, 0, 0, 0);
+	return 0;
+}
+
+SEC("?fexit/" MT_SYS(mremap))
+int BPF_PROG(mt_fexit_mremap, const struct pt_regs *regs, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!traced(pid_tgid >> 32) || (__u64)ret >= (__u64)-4095)
+		return 0;
+	/* new address, new len, old addr, old len */
+	emit(MT_EV_MREMAP, in_allocator((__u32)pid_tgid) ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ret,
+	     SYS_A2(regs), SYS_A0(regs), SYS_A1(regs), 0, 0, 0);
+	return 0;
+}
+
+SEC("?fexit/" MT_SYS(brk))
+int BPF_PROG(mt_fexit_brk, const struct pt_regs *regs, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!traced(pid_tgid >> 32))
+		return 0;
+	emit(MT_EV_BRK, in_allocator((__u32)pid_tgid) ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ret,
+	     SYS_A0(regs), 0, 0, 0, 0, 0);
 	return 0;
 }
 
@@ -980,14 +1072,14 @@ int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
 
 /* The child's first return to user space (fork/clone in the child): stop it
  * before it runs anything, so that the loader attaches its own probes (a
- * per-process uprobe does not follow fork). */
-static __always_inline int child_returns(struct trace_event_raw_sys_exit *ctx)
+ * per-process uprobe does not follow fork). Runs in the child. */
+static __always_inline int child_starts(void)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	struct mt_target *t;
 
-	if (ctx->ret != 0 || tgid != tid)
+	if (tgid != tid)
 		return 0;
 	t = bpf_map_lookup_elem(&targets, &tgid);
 	if (!t)
@@ -1009,6 +1101,11 @@ static __always_inline int child_returns(struct trace_event_raw_sys_exit *ctx)
 	return 0;
 }
 
+static __always_inline int child_returns(struct trace_event_raw_sys_exit *ctx)
+{
+	return ctx->ret == 0 ? child_starts() : 0; /* 0: in the child */
+}
+
 SEC("tracepoint/syscalls/sys_exit_clone")
 int mt_exit_clone(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
 SEC("tracepoint/syscalls/sys_exit_clone3")
@@ -1017,6 +1114,13 @@ SEC("tracepoint/syscalls/sys_exit_fork")
 int mt_exit_fork(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
 SEC("tracepoint/syscalls/sys_exit_vfork")
 int mt_exit_vfork(struct trace_event_raw_sys_exit *ctx) { return child_returns(ctx); }
+
+/* Without syscall tracepoints: every new task runs schedule_tail (from
+ * ret_from_fork) before its first return to user space; its fexit runs in
+ * the child with the runqueue lock released. Kernel threads and threads of a
+ * process are not in targets or fail tgid == tid. */
+SEC("?fexit/schedule_tail")
+int BPF_PROG(mt_fexit_schedule_tail, struct task_struct *prev) { return child_starts(); }
 
 /* sched_process_exit gained its group_dead argument after 6.12; the loader
  * sets this from the kernel's BTF (the tracepoint's prototype). Without it

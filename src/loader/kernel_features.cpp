@@ -65,6 +65,36 @@ bool enum_has(const btf* vmlinux, const char* type, const char* value) {
   return false;
 }
 
+// The system-call functions the fentry/fexit programs hook, by this
+// architecture's wrapper names (bpf/memtrace.bpf.c MT_SYS).
+#if defined(__aarch64__)
+#define MT_SYS_PREFIX "__arm64_sys_"
+#else
+#define MT_SYS_PREFIX "__x64_sys_"
+#endif
+constexpr const char* kFexitTargets[] = {MT_SYS_PREFIX "mmap", MT_SYS_PREFIX "munmap", MT_SYS_PREFIX "mremap",
+                                         MT_SYS_PREFIX "brk", "schedule_tail"};
+
+// fexit works on this kernel: every target has BTF and a trivial program
+// attaches to schedule_tail (BPF trampolines: x86-64 5.5, arm64 6.0). The
+// attach is the only reliable test; it lasts a few milliseconds.
+bool probe_fexit(const btf* vmlinux) {
+  for (const char* f : kFexitTargets)
+    if (btf__find_by_name_kind(vmlinux, f, BTF_KIND_FUNC) <= 0) return false;
+  int id = btf__find_by_name_kind(vmlinux, "schedule_tail", BTF_KIND_FUNC);
+  const bpf_insn insns[] = {
+      {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 0, .imm = 0},
+      {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},
+  };
+  LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = BPF_TRACE_FEXIT, .attach_btf_id = static_cast<__u32>(id));
+  int prog = bpf_prog_load(BPF_PROG_TYPE_TRACING, "mt_probe_fexit", "GPL", insns, 2, &opts);
+  if (prog < 0) return false;
+  int link = bpf_raw_tracepoint_open(nullptr, prog);
+  if (link >= 0) close(link);
+  close(prog);
+  return link >= 0;
+}
+
 std::string why_no_bpf(const KernelFeatures& k, int err) {
   std::ostringstream os;
   os << "bpf(2) refused to create a map (" << strerror(err) << ")";
@@ -124,6 +154,7 @@ KernelFeatures probe_kernel() {
     k.page_fault_tp = tp_args(vmlinux, "page_fault_user") >= 3;
 #endif
     k.uprobe_multi = enum_has(vmlinux, "bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
+    if (k.bpf) k.syscall_fexit = probe_fexit(vmlinux);
     btf__free(vmlinux);
   }
   if (k.bpf) {
@@ -158,6 +189,12 @@ bool choose_full_bpf(const KernelFeatures& k) {
   return k.full_bpf();
 }
 
+bool choose_syscall_fexit(const KernelFeatures& k) {
+  if (!choose_full_bpf(k)) return false;
+  if (const char* v = getenv("MEMTRACE_SYSCALL_HOOKS"); v && *v) return std::string(v) == "fexit" && k.syscall_fexit;
+  return k.syscall_fexit;
+}
+
 std::vector<std::string> describe(const KernelFeatures& k) {
   std::vector<std::string> out;
   auto line = [&](bool ok, const std::string& what, const std::string& how) {
@@ -190,6 +227,13 @@ std::vector<std::string> describe(const KernelFeatures& k) {
            "return address is at [rsp]");
   choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
          "frame pointers only (the CFI unwinder's frame loop needs bpf_loop, 5.17)");
+  choice(choose_syscall_fexit(k), "system calls",
+         "fexit on " MT_SYS_PREFIX "mmap/munmap/mremap/brk and schedule_tail (no syscalls:* tracepoint: other system "
+         "calls keep their fast path)",
+         std::string("syscalls:sys_enter/exit_mmap, munmap, mremap, brk, sys_exit_clone/fork (while they are attached "
+                     "every system call of every task takes the tracing path; ") +
+             (!full ? "the compat object)" : k.syscall_fexit ? "MEMTRACE_SYSCALL_HOOKS=tracepoint)"
+                                                             : "no BPF trampoline for them on this kernel)"));
   choice(full, "in-flight calls", "task local storage", "hash map keyed by thread id");
   choice(k.exit_group_dead, "process exit", "sched_process_exit's group_dead",
          "last thread found by signal->live (group_dead is newer than this kernel)");

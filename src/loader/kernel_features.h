@@ -29,6 +29,8 @@ struct KernelFeatures {
   bool task_btf = false;        // bpf_get_current_task_btf (5.11)
   bool task_pt_regs = false;    // bpf_task_pt_regs (5.15): user registers in syscall tracepoints
   bool exit_group_dead = false; // sched_process_exit passes group_dead (after 6.12)
+  bool syscall_fexit = false;   // fentry/fexit on the mmap family's system-call functions and schedule_tail
+                               // (trampolines: x86-64 5.5, arm64 6.0): no syscalls:* tracepoint attached
   bool page_fault_tp = false;   // the user page-fault hook: exceptions:page_fault_user as a BTF tracepoint
                                // (x86-64); on aarch64 a kprobe on handle_mm_fault (docs/arm64.md)
 
@@ -52,6 +54,11 @@ struct KernelFeatures {
 // environment variable MEMTRACE_BPF_VARIANT=compat|full overrides the choice
 // (tests run the compat object on a new kernel with it).
 bool choose_full_bpf(const KernelFeatures& k);
+
+// Whether the full object's fentry/fexit programs replace the system-call
+// tracepoints. MEMTRACE_SYSCALL_HOOKS=tracepoint|fexit overrides the choice
+// (tests and benchmarks compare the two on one kernel).
+bool choose_syscall_fexit(const KernelFeatures& k);
 
 // Probes the running kernel (needs root for the BPF probes; without it, bpf
 // is false and bpf_error says why).

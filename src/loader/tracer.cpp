@@ -268,6 +268,18 @@ Result<void> Tracer::load() {
   }
   // Not even loaded without --faults: costs nothing when off.
   bpf_program__set_autoload(skel_->progs.mt_page_fault, o_.faults);
+  // The mmap family and the fork child's first return: fentry/fexit where
+  // the kernel has trampolines for them (no syscalls:* tracepoint attached,
+  // kernel_features.h), else the tracepoints.
+  bool fexit = syscall_fexit_ = full_bpf_ && choose_syscall_fexit(kf_);
+  for (bpf_program* p : {skel_->progs.mt_fexit_mmap, skel_->progs.mt_fentry_munmap, skel_->progs.mt_fexit_mremap,
+                         skel_->progs.mt_fexit_brk, skel_->progs.mt_fexit_schedule_tail})
+    bpf_program__set_autoload(p, fexit);
+  for (bpf_program* p : {skel_->progs.mt_enter_mmap, skel_->progs.mt_exit_mmap, skel_->progs.mt_enter_munmap,
+                         skel_->progs.mt_enter_mremap, skel_->progs.mt_exit_mremap, skel_->progs.mt_enter_brk,
+                         skel_->progs.mt_exit_brk, skel_->progs.mt_exit_clone, skel_->progs.mt_exit_clone3,
+                         skel_->progs.mt_exit_fork, skel_->progs.mt_exit_vfork})
+    bpf_program__set_autoload(p, !fexit);
 #if defined(__aarch64__)
   // arm64 has no fork and no vfork system call (clone does both): no
   // sys_exit_fork/sys_exit_vfork tracepoints to attach to.
@@ -1309,6 +1321,7 @@ nlohmann::json Tracer::kernel_json() const {
           {"uprobes", attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi" : "perf_event"},
           {"stacks", !o_.stacks ? "none" : o_.cfi ? "cfi" : "frame_pointers"},
           {"inflight", full_bpf_ ? "task_storage" : "hash"},
+          {"syscalls", syscall_fexit_ ? "fexit" : "tracepoint"},
           {"exit", kf_.exit_group_dead ? "group_dead" : "signal_live"},
           {"fault_vma_check", o_.faults && full_bpf_}};
 }

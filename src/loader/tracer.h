@@ -164,6 +164,7 @@ class Tracer {
   Options o_;
   KernelFeatures kf_;
   bool full_bpf_ = true;  // the full BPF object, else the compat one (kernel_features.h)
+  bool syscall_fexit_ = false;  // mmap family and fork child on fentry/fexit, not syscalls:* tracepoints
   AttachMode attach_mode_ = AttachMode::UprobeMulti;
   std::vector<std::string> kernel_notes_;  // fallbacks this kernel needs, shown in the report
   struct memtrace_bpf* skel_ = nullptr;
