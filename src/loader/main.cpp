@@ -1,5 +1,7 @@
 // memtrace-bpf: where memory goes, from outside the process.
+#include <ucontext.h>
 #include <limits.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -27,9 +29,42 @@ int run_track(int argc, char** argv) {
   return 2;
 }
 
+// A crash of the tool itself names where: the faulting pc and the return
+// addresses of the frame-pointer chain on stderr (addr2line -e memtrace-bpf
+// reads them), then the default action. The traced processes run on: the
+// guardian resumes what the tool stopped.
+void on_crash(int sig, siginfo_t*, void* ctx) {
+  signal(sig, SIG_DFL);  // a fault in here ends the tool, as it would have
+  const auto* mc = &static_cast<ucontext_t*>(ctx)->uc_mcontext;
+#if defined(__aarch64__)
+  uint64_t pc = mc->pc, lr = mc->regs[30], fp = mc->regs[29];
+#else
+  uint64_t pc = mc->gregs[REG_RIP], lr = 0, fp = mc->gregs[REG_RBP];
+#endif
+  char b[64 * 19 + 128];
+  int n = snprintf(b, sizeof b, "memtrace-bpf: crashed (signal %d); addr2line -e memtrace-bpf -f -C:\n  %#lx %#lx", sig,
+                   (unsigned long)pc, (unsigned long)lr);
+  for (int i = 0; i < 48 && fp && !(fp & 7) && n < (int)sizeof b - 24; i++) {
+    const uint64_t* f = reinterpret_cast<const uint64_t*>(fp);
+    n += snprintf(b + n, sizeof b - n, " %#lx", (unsigned long)f[1]);
+    if (f[0] <= fp) break;
+    fp = f[0];
+  }
+  n += snprintf(b + n, sizeof b - n, "\n");
+  ssize_t unused = write(2, b, n);
+  (void)unused;
+  raise(sig);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_crash;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(sig, &sa, nullptr);
+  }
   if (argc > 1 && std::string(argv[1]) == "track") return run_track(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "replay") return memtrace::loader::run_replay(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "diff") return memtrace::loader::run_diff(argc - 1, argv + 1);
