@@ -79,6 +79,14 @@ constexpr const char* kFexitTargets[] = {MT_SYS_PREFIX "mmap", MT_SYS_PREFIX "mu
 // attaches to schedule_tail (BPF trampolines: x86-64 5.5, arm64 6.0). The
 // attach is the only reliable test; it lasts a few milliseconds.
 bool probe_fexit(const btf* vmlinux) {
+#if defined(__aarch64__)
+  // Not on arm64 yet: on Debian's arm64 6.1 under qemu the trial attach
+  // failed, and afterwards the tool's own new tasks crashed at address 0 at
+  // the end of -p, -c and system-wide runs (the guest's bpf.* tests); not
+  // understood yet (docs/kernels.md).
+  (void)vmlinux;
+  return false;
+#endif
   for (const char* f : kFexitTargets)
     if (btf__find_by_name_kind(vmlinux, f, BTF_KIND_FUNC) <= 0) return false;
   int id = btf__find_by_name_kind(vmlinux, "schedule_tail", BTF_KIND_FUNC);
