@@ -584,6 +584,18 @@ static __always_inline void save_args(__u64 pid_tgid, __u64 a0, __u64 a1, __u64 
 		count(MT_C_SYSARGS_FULL);
 }
 
+/* The arguments the entry tracepoint saved for this thread, taken. */
+static __always_inline bool take_args(__u32 tid, struct mt_sysargs *out)
+{
+	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+
+	if (!a)
+		return false;
+	*out = *a;
+	bpf_map_delete_elem(&sysargs, &tid);
+	return true;
+}
+
 static __always_inline struct mt_uregs user_regs(__u64 pid_tgid)
 {
 #ifndef MT_COMPAT
@@ -758,14 +770,10 @@ SEC("tracepoint/syscalls/sys_exit_mmap")
 int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
-	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
+	struct mt_sysargs args;
 
-	if (!a)
-		return 0;
-	struct mt_sysargs args = *a;
-	bpf_map_delete_elem(&sysargs, &tid);
-	mmap_done(pid_tgid, ctx->ret, args);
+	if (take_args((__u32)pid_tgid, &args))
+		mmap_done(pid_tgid, ctx->ret, args);
 	return 0;
 }
 
@@ -795,15 +803,10 @@ SEC("tracepoint/syscalls/sys_exit_mremap")
 int mt_exit_mremap(struct trace_event_raw_sys_exit *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
-	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
 	__u64 ret = ctx->ret;
+	struct mt_sysargs args;
 
-	if (!a)
-		return 0;
-	struct mt_sysargs args = *a;
-	bpf_map_delete_elem(&sysargs, &tid);
-	if (ret >= (__u64)-4095)
+	if (!take_args((__u32)pid_tgid, &args) || ret >= (__u64)-4095)
 		return 0;
 	emit(MT_EV_MREMAP, args.internal ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ret, args.a2,
 	     args.a0, args.a1, 0, 0, 0);
@@ -824,12 +827,10 @@ SEC("tracepoint/syscalls/sys_exit_brk")
 int mt_exit_brk(struct trace_event_raw_sys_exit *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
-	struct mt_sysargs *a = bpf_map_lookup_elem(&sysargs, &tid);
-	if (!a)
+	struct mt_sysargs args;
+
+	if (!take_args((__u32)pid_tgid, &args))
 		return 0;
-	struct mt_sysargs args = *a;
-	bpf_map_delete_elem(&sysargs, &tid);
 	emit(MT_EV_BRK, args.internal ? MT_F_ALLOCATOR_INTERNAL : 0, pid_tgid, ctx->ret, args.a0, 0,
 	     0, 0, 0, 0);
 	return 0;
