@@ -21,7 +21,7 @@ $src/src/heap/heap_model.cpp $src/src/heap/analyses.cpp $src/src/heap/ended.cpp 
 $src/src/report/pprof.cpp $src/src/report/diff.cpp $src/src/report/html.cpp ${MEMTRACE_HTML_ASSETS:?the page of the HTML report, html_assets.cpp of the build} $src/src/elf/elf_file.cpp
 $src/src/elf/image.cpp $src/src/symbolize/symbolize.cpp $src/src/procfs/proc_maps.cpp $src/src/symbolize/symbol_table.cpp
 $src/src/symbolize/dwarf_index.cpp $src/src/symbolize/debug_finder.cpp $src/src/symbolize/module.cpp
-$src/src/symbolize/minidebuginfo.cpp $src/src/symbolize/debuginfod.cpp"
+$src/src/symbolize/minidebuginfo.cpp $src/src/symbolize/debuginfod.cpp $src/src/symbolize/call_site.cpp"
 obj() { echo "$build/obj/$(echo "$1" | tr / _).o"; }
 # An object is stale when its source, or any header, is newer (2 compiles at a time).
 stale=""

@@ -11,7 +11,7 @@ sym=$src/src/symbolize
 stamp=$build/fuzz_symbolize
 libsrcs="$src/src/elf/image.cpp $src/src/elf/elf_file.cpp $src/src/procfs/proc_maps.cpp
 $sym/symbolize.cpp $sym/symbol_table.cpp $sym/dwarf_index.cpp $sym/debug_finder.cpp
-$sym/module.cpp $sym/minidebuginfo.cpp $sym/debuginfod.cpp"
+$sym/module.cpp $sym/minidebuginfo.cpp $sym/debuginfod.cpp $sym/call_site.cpp"
 flags="-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I$src/src"
 if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/src/elf" "$src/src/common" "$src/src/procfs" "$src/tests/symbolize/fuzz" -newer "$stamp" -name '*.[ch]*' | head -1)" ]; then
   # The library's objects as the recording fuzzer built them (same flags,
