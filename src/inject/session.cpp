@@ -1,5 +1,6 @@
 #include "inject/session.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <limits.h>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "common/fd.h"
 #include "common/self_path.h"
@@ -419,15 +421,115 @@ void Session::detach() {
     stop_copier();
     return;
   }
-  ring_->set_state(MT_INJ_DETACHED);
+  // Best effort: the process may be gone.
+  if (kill(pid_, 0) == 0) {
+    (void)end_in_target(pid_, ring_->mutable_hdr());
+  } else {
+    ring_->set_state(MT_INJ_DETACHED);
+  }
+  stop_copier();
+}
+
+Result<uint32_t> end_in_target(pid_t pid, mt_inj_hdr* hdr) {
+  __atomic_store_n(&hdr->state, uint32_t{MT_INJ_DETACHED}, __ATOMIC_RELEASE);
   // A hook that passed its check before the store commits within
   // microseconds; give it that.
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  stop_copier();
   // The allocator's entries as they were (a later uprobe on them would
-  // break the patched process); the hooks left in the GOT slots call
-  // straight through. Best effort: the process may be gone.
-  if (kill(pid_, 0) == 0) (void)unpatch_entries(pid_, ring_->mutable_hdr());
+  // break the patched process, and the hooks' calls through the stubs
+  // pass its probes); the hooks left in the GOT slots call straight
+  // through.
+  return unpatch_entries(pid, hdr);
+}
+
+namespace {
+
+// A ring header of pid's, mapped here shared (the agent's view of it).
+struct MappedHdr {
+  mt_inj_hdr* hdr = nullptr;
+  MappedHdr() = default;
+  MappedHdr(const MappedHdr&) = delete;
+  MappedHdr& operator=(const MappedHdr&) = delete;
+  MappedHdr(MappedHdr&& o) noexcept : hdr(std::exchange(o.hdr, nullptr)) {}
+  MappedHdr& operator=(MappedHdr&& o) noexcept {
+    if (this != &o) {
+      reset();
+      hdr = std::exchange(o.hdr, nullptr);
+    }
+    return *this;
+  }
+  ~MappedHdr() { reset(); }
+  void reset() {
+    if (hdr) munmap(hdr, MT_INJ_HDR_BYTES);
+    hdr = nullptr;
+  }
+};
+
+// Whether the session of ring header h still has its tool: attached, its
+// process there and its heartbeat younger than MT_INJ_STALE_MAX_NS (the
+// agent's own limit for a tool that is there, agent.c loader_alive). A
+// tool whose process is gone is dead at once, before its heartbeat goes
+// stale (MT_INJ_STALE_NS): the agent would find that within 3 s.
+bool tool_alive(const mt_inj_hdr& h) {
+  if (__atomic_load_n(&h.state, __ATOMIC_ACQUIRE) != MT_INJ_ATTACHED) return false;
+  uint64_t now = monotonic_ns(), beat = __atomic_load_n(&h.heartbeat_ns, __ATOMIC_RELAXED);
+  uint64_t age = now > beat ? now - beat : 0;
+  pid_t tool = static_cast<pid_t>(h.loader_pid);
+  return age <= MT_INJ_STALE_MAX_NS && tool > 0 && (kill(tool, 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
+Result<uint32_t> restore_left_patched(pid_t pid, const std::vector<procfs::Mapping>& maps) {
+  std::string who = "pid " + std::to_string(pid);
+  // The agent's rings: every session's stays mapped; the current one (the
+  // agent's g_view) is the one beaten last.
+  char name[64];
+  snprintf(name, sizeof name, MT_INJ_PATH_FMT, static_cast<int>(pid));
+  std::string want = name;
+  MappedHdr cur;
+  for (const auto& m : maps) {
+    if (m.offset != 0 || !m.shared() || m.end - m.start < MT_INJ_HDR_BYTES) continue;
+    if (m.path != want && m.path != want + " (deleted)") continue;
+    char mf[96];
+    snprintf(mf, sizeof mf, "/proc/%d/map_files/%llx-%llx", static_cast<int>(pid),
+             static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
+    Fd fd(open(mf, O_RDWR | O_CLOEXEC));
+    if (!fd.valid())
+      return Error::sys(who + ": open the ring an earlier --inject session left (" + std::string(mf) + ")");
+    void* p = mmap(nullptr, MT_INJ_HDR_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) return Error::sys(who + ": map " + mf);
+    MappedHdr h;
+    h.hdr = static_cast<mt_inj_hdr*>(p);
+    const mt_inj_hdr& r = *h.hdr;
+    if (r.magic != MT_INJ_MAGIC || r.version != MT_INJ_VERSION || r.pid != static_cast<uint32_t>(pid) ||
+        __atomic_load_n(&r.agent_state, __ATOMIC_ACQUIRE) != MT_INJ_AGENT_HOOKED)
+      continue;
+    if (!cur.hdr || r.heartbeat_ns > cur.hdr->heartbeat_ns) cur = std::move(h);
+  }
+  if (!cur.hdr) return 0u;
+  mt_inj_hdr& h = *cur.hdr;
+  uint32_t count = std::min<uint32_t>(h.entry_count, MT_INJ_ENTRY_MAX), patched = 0;
+  for (uint32_t i = 0; i < count; i++) patched += h.entries[i].stub != 0;
+  if (static_cast<pid_t>(h.loader_pid) == getpid()) return 0u;  // this tool's own session
+  if (tool_alive(h)) {
+    if (!patched) return 0u;
+    return Error::msg(who + ": memtrace-bpf --inject (pid " + std::to_string(h.loader_pid) +
+                      ") records this process: its " + std::to_string(patched) + " allocator entries stay patched");
+  }
+  if (!patched) {
+    // A clean end before, or nothing patched: the hooks call the originals.
+    __atomic_store_n(&h.state, uint32_t{MT_INJ_DETACHED}, __ATOMIC_RELEASE);
+    return 0u;
+  }
+  auto n = end_in_target(pid, &h);
+  if (!n) return Error::msg(who + ": " + n.error().message);
+  uint32_t left = 0;
+  for (uint32_t i = 0; i < count; i++) left += h.entries[i].stub != 0;
+  if (left)
+    return Error::msg(who + ": " + std::to_string(left) + " of " + std::to_string(patched) +
+                      " allocator entries could not be put back");
+  return *n;
 }
 
 Session::~Session() { detach(); }

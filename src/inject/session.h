@@ -24,6 +24,7 @@
 #include "inject/injector.h"
 #include "inject/ring.h"
 #include "inject/trampoline.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::inject {
 
@@ -82,6 +83,27 @@ class Ring {
   uint64_t ns_of(uint64_t tsc) const;
   std::string path_;
 };
+
+// The end of a session in the target, one function for a clean end
+// (Session::detach) and a dead session's leftovers (restore_left_patched):
+// the hooks call straight through (state DETACHED), then the allocator's
+// entries go back as the file has them and the agent's pointers to the
+// originals with them (unpatch_entries: every thread stopped, a uprobe's
+// int3 kept); the stubs are not run any more. hdr: the session's ring
+// header as this process maps it. How many entries were put back.
+Result<uint32_t> end_in_target(pid_t pid, mt_inj_hdr* hdr);
+
+// A process an earlier --inject session left patched (its tool was
+// SIGKILLed: the agent's hooks call the originals through the stubs, past
+// any uprobe on the entries' first instructions), ended as a clean detach
+// would (end_in_target), before the BPF path's uprobes go on it. maps:
+// pid's; the agent's rings are found there (MT_INJ_PATH_FMT, mapped
+// shared) and opened through /proc/PID/map_files. 0: nothing to do (no
+// ring, a clean end before, no entry patched); else how many entries were
+// put back. An error when entries stay patched: ptrace refused, or a live
+// --inject session (another tool's) records the process; its uprobe
+// counts are then incomplete.
+Result<uint32_t> restore_left_patched(pid_t pid, const std::vector<procfs::Mapping>& maps);
 
 class Session {
  public:

@@ -505,6 +505,18 @@ Result<void> Tracer::attach_process(pid_t pid, bool required, Snapshot* given) {
                         "/maps defines malloc and free");
     return {};  // not yet: a later executable mapping may bring it
   }
+  // Allocator entries an earlier, killed --inject session left patched
+  // (its stubs run the probed instructions past the uprobes): put back
+  // before the uprobes go on (docs/inject.md).
+  if (auto r = inject::restore_left_patched(pid, *maps); !r) {
+    std::cerr << "memtrace-bpf: " << r.error().message
+              << ": its allocator calls through the agent's hooks pass the uprobes: its counts will be incomplete\n";
+    inject_leftovers_unrestored_++;
+  } else if (*r) {
+    std::cerr << "memtrace-bpf: pid " << pid << ": restored " << *r
+              << " allocator entries left patched by an earlier --inject session\n";
+    inject_leftovers_restored_++;
+  }
   if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
   auto t0 = std::chrono::steady_clock::now();
   auto set = attacher_->attach(**obj, pid, openable_path(pid, where), image_of(pid));
@@ -1065,6 +1077,10 @@ report::Drops Tracer::drops() {
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
+  if (inject_leftovers_restored_ || inject_leftovers_unrestored_) {  // processes, not events
+    d.stats["inject_leftovers_restored"] = inject_leftovers_restored_;
+    d.dropped["inject_leftovers_unrestored"] = inject_leftovers_unrestored_;
+  }
   if (!injected_.empty()) {  // --inject: records the agent could not write (its ring full)
     uint64_t drops = 0, malformed = 0;
     for (const auto& s : injected_) {

@@ -209,6 +209,9 @@ class Tracer {
   std::vector<std::string> errors_;  // non-fatal, shown in the report
   uint64_t attach_failures_ = 0;
   uint64_t attach_count_ = 0, attach_us_ = 0;  // per-process attaches, time in Attacher::attach
+  // Processes a killed --inject session left patched: put back before the
+  // uprobes, and not (their counts incomplete; inject::restore_left_patched).
+  uint64_t inject_leftovers_restored_ = 0, inject_leftovers_unrestored_ = 0;
   uint64_t unwind_errors_ = 0;
   uint64_t unwind_gone_ = 0;
   // Launch mode: from the resume after the allocator probes were attached
