@@ -26,6 +26,7 @@
 
 #include "common/fd.h"
 #include "elf/elf_file.h"
+#include "inject/busy_frames.h"
 #include "procfs/proc_maps.h"
 
 namespace memtrace::inject {
@@ -297,127 +298,6 @@ Result<uint64_t> remote_call(StoppedProcess& sp, pid_t tid, int mem, uint64_t fn
 }
 #endif
 
-// Code whose locks the agent's dlopen may need (issue 21, item 8): ld.so's
-// text (the load lock: dlopen, dlclose, dlsym, TLS setup), glibc's malloc
-// (malloc.c: the arenas' locks; its static functions, _int_malloc,
-// sysmalloc..., lie between its exported ones' neighbours: one translation
-// unit), and libc functions that take the loader's or the allocator's locks
-// around code of their own or of the program (dl_iterate_phdr's callback,
-// fork's handlers, dlopen's constructors).
-struct BusyCode {
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [lo, hi) in the target
-  bool has(uint64_t a) const {
-    for (const auto& [lo, hi] : ranges)
-      if (a >= lo && a < hi) return true;
-    return false;
-  }
-};
-
-bool is_ld_so(const std::string& base) {
-  return base.rfind("ld-linux", 0) == 0 || (base.rfind("ld-", 0) == 0 && base.find(".so") != std::string::npos);
-}
-
-Result<BusyCode> busy_code(pid_t pid) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
-  BusyCode out;
-  const procfs::Mapping* libc = nullptr;
-  for (const auto& m : *maps) {
-    std::string b = base_name(m.path);
-    if (m.exec() && is_ld_so(b)) out.ranges.push_back({m.start, m.end});
-    if (!libc && m.file() && (b.rfind("libc.so", 0) == 0 || b.rfind("libc-2", 0) == 0)) libc = &m;
-  }
-  if (!libc) return out;
-  auto elf = elf::ElfFile::open("/proc/" + std::to_string(pid) + "/root" + libc->path);
-  if (!elf) return elf.error();
-  auto runtime = [&](uint64_t vaddr) -> uint64_t {
-    auto off = elf->vaddr_to_offset(vaddr);
-    if (!off) return 0;
-    for (const auto& m : *maps)
-      if (m.exec() && m.dev == libc->dev && m.inode == libc->inode && *off >= m.offset && *off < m.offset + (m.end - m.start))
-        return m.start + (*off - m.offset);
-    return 0;
-  };
-  static const std::set<std::string> malloc_c = {
-      "malloc", "free", "calloc", "realloc", "memalign", "aligned_alloc", "valloc", "pvalloc", "posix_memalign",
-      "malloc_usable_size", "malloc_trim", "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "malloc_info",
-      "__libc_malloc", "__libc_free", "__libc_calloc", "__libc_realloc", "__libc_memalign", "__libc_valloc",
-      "__libc_pvalloc", "cfree", "__default_morecore"};
-  static const std::set<std::string> holders = {
-      "dl_iterate_phdr", "dlopen", "dlmopen", "dlclose", "dlsym", "dlvsym", "dladdr", "dladdr1", "dlinfo",
-      "__libc_dlopen_mode", "__libc_dlsym", "__libc_dlvsym", "__libc_dlclose", "fork", "_Fork", "__libc_fork",
-      "pthread_create", "reallocarray", "__libc_reallocarray", "__libc_freeres"};
-  uint64_t lo = UINT64_MAX, hi = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> funcs;  // every function, by vaddr
-  for (const auto& sym : elf->symbols()) {
-    if (sym.type != STT_FUNC && sym.type != STT_GNU_IFUNC) continue;
-    funcs.push_back({sym.vaddr, sym.vaddr + sym.size});
-    if (malloc_c.count(sym.name)) {
-      lo = std::min(lo, sym.vaddr);
-      hi = std::max(hi, sym.vaddr + sym.size);
-    }
-    if (holders.count(sym.name) && sym.size)
-      if (uint64_t a = runtime(sym.vaddr)) out.ranges.push_back({a, a + sym.size});
-  }
-  if (lo < hi) {
-    // Out to the neighbouring functions of other files.
-    uint64_t from = 0, to = UINT64_MAX;
-    for (const auto& [f, e] : funcs) {
-      if (e <= lo && e > from && !(f >= lo && f < hi)) from = e;
-      if (f >= hi && f < to) to = f;
-    }
-    if (from == 0) from = lo;
-    if (to == UINT64_MAX) to = hi;
-    uint64_t a = runtime(from), b = runtime(to - 1);
-    if (a && b) out.ranges.push_back({a, b + 1});
-  }
-  return out;
-}
-
-// Whether a call instruction ends just before ra (a return address, not
-// a function pointer or other data that happens to point into code).
-bool after_call(int mem, uint64_t ra) {
-  uint8_t c[7];
-  if (ra < 7 || pread(mem, c, sizeof c, static_cast<off_t>(ra - 7)) != static_cast<ssize_t>(sizeof c)) return false;
-  if (c[2] == 0xe8) return true;  // call rel32
-  // call r/m64 (FF /2): 2, 3, 4, 6 or 7 bytes (register, disp8, SIB, disp32, SIB + disp32)
-  for (int len : {2, 3, 4, 6, 7})
-    if (c[7 - len] == 0xff && ((c[8 - len] >> 3) & 7) == 2) return true;
-  return false;
-}
-
-// Why thread tid (stopped) may hold a lock the agent's dlopen needs: its pc,
-// or a return address in the top of its stack (up to 32 KiB: a signal frame
-// and the frames of a constructor run by dlopen), inside busy code. "" if
-// none.
-#if defined(__x86_64__)
-std::string busy_reason(pid_t tid, int mem, const BusyCode& busy, const std::vector<procfs::Mapping>& maps) {
-  user_regs_struct regs{};
-  if (ptrace(PTRACE_GETREGS, tid, nullptr, &regs) != 0) return "its registers could not be read";
-  // "pc in libc.so.6+0x98a1c"
-  auto where = [&](const char* what, uint64_t a) {
-    char buf[64];
-    for (const auto& m : maps)
-      if (a >= m.start && a < m.end) {
-        snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(a - m.start + m.offset));
-        return std::string(what) + " in " + base_name(m.path) + buf;
-      }
-    snprintf(buf, sizeof buf, " 0x%llx", static_cast<unsigned long long>(a));
-    return std::string(what) + buf;
-  };
-  if (busy.has(regs.rip)) return where("pc", regs.rip);
-  uint64_t sp = regs.rsp, end = sp;
-  for (const auto& m : maps)
-    if (sp >= m.start && sp < m.end) end = std::min<uint64_t>(m.end, sp + (32 << 10));
-  if (end <= sp) return where("stack pointer", sp) + " (no mapping known)";
-  std::vector<uint64_t> words((end - sp) / 8);
-  ssize_t n = pread(mem, words.data(), words.size() * 8, static_cast<off_t>(sp));
-  for (ssize_t i = 0; i < n / 8; i++)
-    if (busy.has(words[i]) && after_call(mem, words[i])) return where("return address", words[i]);
-  return "";
-}
-#endif
-
 uint64_t micros_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -597,21 +477,19 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
       // Only the calling thread is stopped: it makes the call while the
       // others run on, so a lock one of them holds (the loader's, an
       // arena's) is released as it would be. The caller itself must hold
-      // none: while the main thread's pc or a return address on its stack
-      // is in code that takes them, it runs a little more and is stopped
-      // again; then each other thread is tried in turn, stopped alone
-      // (issue 21, item 8).
+      // none: while the main thread's pc or the return address of one of
+      // its live frames (unwound with CFI: busy_frames.h) is in code that
+      // takes them, it runs a little more and is stopped again; then each
+      // other thread is tried in turn, stopped alone (issue 21, item 8).
       own.emplace(pid);
       if (auto r = own->stop_one(pid); !r) return Error{where + ": " + r.error().message, r.error().err};
 #if defined(__x86_64__)
-      auto busy = busy_code(pid);
+      auto busy = BusyFrames::open(pid);
       if (!busy) return Error{where + ": " + busy.error().message, busy.error().err};
-      auto maps = procfs::read_maps(pid);
-      if (!maps) return Error{where + ": " + maps.error().message, maps.error().err};
       std::string why;
       int tries = 0;
       for (; tries < kMainTries; tries++) {
-        why = busy_reason(pid, mem.get(), *busy, *maps);
+        why = (*busy)->reason(pid, mem.get());
         if (why.empty()) break;
         if (auto r = own->run_briefly(pid, 200 + 50 * tries); !r) return Error{where + ": " + r.error().message, r.error().err};
       }
@@ -619,7 +497,7 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
         own->release(pid);  // it may hold the lock: it runs while another thread calls
         caller = 0;
         for (int round = 0; round < kOtherRounds && !caller; round++) {
-          if (auto m = procfs::read_maps(pid)) maps = std::move(m);  // threads started since: their stacks
+          (*busy)->refresh_maps();  // threads started since: their stacks
           for (pid_t tid : task_ids(pid)) {
             if (tid == pid) continue;
             if (!own->stop_one(tid)) {
@@ -627,7 +505,7 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
               continue;
             }
             tries++;
-            why = busy_reason(tid, mem.get(), *busy, *maps);
+            why = (*busy)->reason(tid, mem.get());
             if (why.empty()) {
               caller = tid;
               break;
@@ -638,6 +516,7 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
         }
       }
       if (stats) stats->busy_retries = static_cast<uint64_t>(tries);
+      if (stats) stats->stack_scans = (*busy)->scans();
       if (!caller)
         return Error::msg(where + ": its threads were inside the dynamic loader or the allocator at each of " +
                           std::to_string(tries) + " stops over " + std::to_string(micros_since(t0) / 1000) +

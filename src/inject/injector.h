@@ -34,6 +34,7 @@ struct LoadStats {
   uint64_t stopped_us = 0;  // how long the process was stopped
   uint64_t call_us = 0;     // the dlopen call itself (the agent's constructor in it)
   uint64_t busy_retries = 0;  // stops of the main thread found inside the loader or the allocator
+  uint64_t stack_scans = 0;   // of the checks, those whose unwind stopped early: the rest of the stack scanned (busy_frames.h)
   bool reattached = false;    // the agent was there already: memtrace_agent_attach, not dlopen
   pid_t caller = 0;           // the thread that made the call (the main thread unless it stayed busy)
 };
