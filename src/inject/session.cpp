@@ -523,12 +523,12 @@ Result<uint32_t> restore_left_patched(pid_t pid, const std::vector<procfs::Mappi
     return 0u;
   }
   auto n = end_in_target(pid, &h);
-  if (!n) return Error::msg(who + ": " + n.error().message);
+  std::string not_restored = who + ": " + std::to_string(patched) +
+                             " allocator entries left patched by an earlier --inject session not restored: ";
+  if (!n) return Error::msg(not_restored + n.error().message);
   uint32_t left = 0;
   for (uint32_t i = 0; i < count; i++) left += h.entries[i].stub != 0;
-  if (left)
-    return Error::msg(who + ": " + std::to_string(left) + " of " + std::to_string(patched) +
-                      " allocator entries could not be put back");
+  if (left) return Error::msg(not_restored + std::to_string(left) + " of them still patched");
   return *n;
 }
 
