@@ -66,7 +66,7 @@ bool enum_has(const btf* vmlinux, const char* type, const char* value) {
 }
 
 // The system-call functions the fentry/fexit programs hook, by this
-// architecture's wrapper names (bpf/memtrace.bpf.c MT_SYS).
+// architecture's wrapper names (bpf/mmap.bpf.h MT_SYS).
 #if defined(__aarch64__)
 #define MT_SYS_PREFIX "__arm64_sys_"
 #else
@@ -152,7 +152,7 @@ KernelFeatures probe_kernel() {
     k.exit_group_dead = tp_args(vmlinux, "sched_process_exit") >= 2;
 #if defined(__aarch64__)
     // No page_fault_user tracepoint on arm64: the fault program is a kprobe
-    // on handle_mm_fault (bpf/memtrace.bpf.c), whose flags it reads by CO-RE
+    // on handle_mm_fault (bpf/faults.bpf.h), whose flags it reads by CO-RE
     // (enum fault_flag, 5.17+; before, the values of 5.10's #defines).
     k.page_fault_tp = btf__find_by_name_kind(vmlinux, "handle_mm_fault", BTF_KIND_FUNC) > 0 &&
                       (access("/sys/bus/event_source/devices/kprobe/type", R_OK) == 0 ||
