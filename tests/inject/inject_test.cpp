@@ -1038,10 +1038,20 @@ TEST(Inject, CliForkedChildrenOfAPatchedProcess) {
 // would (inject::restore_left_patched), and says so; the hooks call the
 // originals themselves from then on: its counts of the second rounds are
 // exact, and the target exits 0.
-static void bpf_path_after_killed_inject(bool traced_already) {
-  Child t = spawn({std::string(TARGET_DIR) + "/inject_target", "300", "again"});
+// by_comm: the BPF path finds it with -c (a copy of the target under a name
+// of its own: other tests' inject_target processes are not taken).
+static void bpf_path_after_killed_inject(bool traced_already, bool by_comm = false) {
+  std::string target = std::string(TARGET_DIR) + "/inject_target", comm;
+  if (by_comm) {
+    comm = "ij_left_" + std::to_string(getpid());
+    std::string copy = "/tmp/" + comm;
+    ASSERT_EQ(system(("cp " + target + " " + copy).c_str()), 0);
+    target = copy;
+  }
+  Child t = spawn({target, "300", "again"});
   std::string tout;
   pid_t pid = ready_pid(t, &tout);
+  if (by_comm) unlink(target.c_str());
   ASSERT_EQ(pid, t.pid) << tout;
   Child first = spawn({MEMTRACE_BIN, "--inject", "-p", std::to_string(pid), "-o", "/dev/null"});
   close(first.in);
@@ -1056,7 +1066,7 @@ static void bpf_path_after_killed_inject(bool traced_already) {
     ASSERT_EQ(ptrace(PTRACE_SEIZE, pid, nullptr, nullptr), 0) << strerror(errno);
   }
   std::string rep = tmpfile("bpfafter");
-  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "-p", std::to_string(pid)});
+  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, by_comm ? "-c" : "-p", by_comm ? comm : std::to_string(pid)});
   close(m.in);
   std::string merr;
   ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
@@ -1077,6 +1087,10 @@ static void bpf_path_after_killed_inject(bool traced_already) {
   ASSERT_TRUE(read_until(t.out, "expect", &second)) << second;
   ASSERT_TRUE(read_until(t.out, "\n", &second)) << second;
   EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout << second;
+  if (by_comm) {  // -c waits for more processes of that name
+    usleep(300 * 1000);
+    kill(m.pid, SIGINT);
+  }
   EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
   json j = json::parse(slurp_file(rep), nullptr, false);
   unlink(rep.c_str());
@@ -1096,6 +1110,12 @@ static void bpf_path_after_killed_inject(bool traced_already) {
 TEST(Inject, BpfPathAfterAKilledInjectSession) {
   MEMTRACE_REQUIRE_ROOT();
   bpf_path_after_killed_inject(false);
+}
+
+// The same, the process found by -c at the start.
+TEST(Inject, BpfPathByCommAfterAKilledInjectSession) {
+  MEMTRACE_REQUIRE_ROOT();
+  bpf_path_after_killed_inject(false, true);
 }
 
 // The same, the entries cannot be put back (ptrace refused: this test
