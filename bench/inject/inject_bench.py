@@ -23,6 +23,10 @@ launches its target (LD_PRELOAD) and starts it at once. Figures:
             (heaptrack: its script's exit, interpretation done)
   waits     --inject: inject_full_waits of the report (50 us naps of the
             target's threads on a full ring: the tool's drain was behind)
+
+An --inject attach that is refused (the tool's one line "... traced with
+uprobes instead") is printed as it happens and counted per workload at the
+end ("not injected in N of R attaches"): its round measured the BPF path.
 """
 import argparse
 import json
@@ -102,6 +106,11 @@ def tool_argv(tool, mode, pid, rep):
 TOOL_ENV = {"inject-got": {"MEMTRACE_INJECT_ENTRIES": "0"}, "inject-entry": {"MEMTRACE_INJECT_GOT": "0"}}
 
 
+# (workload, mode) -> attaches refused (the deadlock-window check,
+# src/inject/busy_frames.h, or another fallback): printed at the end.
+REFUSED = {}
+
+
 def run_once(w, mode, tool, tmp):
     argv = list(w["argv"])
     if mode == "heaptrack":
@@ -135,6 +144,7 @@ def run_once(w, mode, tool, tmp):
                 # An --inject attach refused (the process gets the BPF path):
                 # its round measures the BPF path, said so.
                 print("  %s: not injected: %s" % (mode, line.strip()), file=sys.stderr, flush=True)
+                REFUSED[(w["name"], mode)] = REFUSED.get((w["name"], mode), 0) + 1
             if "tracing" in line:
                 break
     t0 = time.monotonic()
@@ -191,6 +201,8 @@ def main():
     res = {(w, m): [] for w in wls for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         W = workloads(tmp, a.mt_threads, a.mt_rounds)
+        for name, w in W.items():
+            w["name"] = name
         for r in range(a.repeat):
             for w in wls:
                 for m in modes:
@@ -213,6 +225,10 @@ def main():
                     m, wl, c, d, wt,
                     "%.2f" % (wl / base[0]) if base else "-", "%.2f" % (c / base[1]) if base else "-",
                     "%.2f" % (wl / ht[0]) if ht else "-", "%.2f" % (c / ht[1]) if ht else "-"))
+            for m in modes:
+                if m.startswith("inject"):
+                    print("%-10s not injected (BPF path instead) in %d of %d attaches" %
+                          (m, REFUSED.get((w, m), 0), a.repeat))
 
 
 if __name__ == "__main__":
