@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -31,6 +32,19 @@ struct Expect {
 pid_t ready_pid(Child& c, std::string* acc) {
   if (!read_until(c.out, "ready ", acc) || !read_until(c.out, "\n", acc)) return -1;
   return static_cast<pid_t>(atoi(acc->c_str() + acc->find("ready ") + 6));
+}
+
+// Until pid's main thread waits in read(0, ...) (/proc/PID/syscall: "0 0x0 ..."),
+// where each target waits for its line: past the allocation a first fgets
+// makes, inside malloc_info for inmalloc/insignal.
+bool wait_in_read(pid_t pid) {
+  for (int i = 0; i < 5000; i++) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/syscall");
+    std::string nr, fd;
+    if (f >> nr >> fd && nr == "0" && fd == "0x0") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
 }
 
 void say(Child& c, const char* line = "go\n") { ASSERT_EQ(write(c.in, line, strlen(line)), ssize_t(strlen(line))); }
@@ -90,7 +104,7 @@ void refused_while_inside(const char* mode, const std::string& found) {
   std::string out;
   pid_t pid = ready_pid(c, &out);
   ASSERT_EQ(pid, c.pid) << out;
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // into malloc_info's write
+  ASSERT_TRUE(wait_in_read(pid)) << "not in malloc_info's write";
   for (int i = 0; i < 2; i++) {
     auto s = inject::Session::start(pid, options());
     ASSERT_FALSE(s) << "injected while inside malloc_info";
@@ -125,6 +139,7 @@ TEST(InjectBusy, StaleReturnAddressesInALiveFrameAreNotFrames) {
   pid_t pid = ready_pid(c, &out);
   ASSERT_EQ(pid, c.pid) << out;
   ASSERT_NE(out.find("stale 2"), std::string::npos) << out;
+  ASSERT_TRUE(wait_in_read(pid));
   auto s = inject::Session::start(pid, options());
   ASSERT_TRUE(s) << s.error().message;
   EXPECT_EQ((*s)->load_stats().caller, pid);
@@ -153,7 +168,7 @@ TEST(InjectBusy, MultiThreadedStressInjectedAtOnce) {
   std::string out;
   pid_t pid = ready_pid(c, &out);
   ASSERT_EQ(pid, c.pid) << out;
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // every worker waiting
+  ASSERT_TRUE(wait_in_read(pid));
   auto s = inject::Session::start(pid, options());
   ASSERT_TRUE(s) << s.error().message;
   EXPECT_EQ((*s)->load_stats().caller, pid);
@@ -175,6 +190,7 @@ TEST(InjectBusy, MtStressInjectedOnItsMainThread) {
   std::string out;
   pid_t pid = ready_pid(c, &out);
   ASSERT_EQ(pid, c.pid) << out;
+  ASSERT_TRUE(wait_in_read(pid));
   auto s = inject::Session::start(pid, options());
   ASSERT_TRUE(s) << s.error().message;
   EXPECT_EQ((*s)->load_stats().caller, pid);
