@@ -165,8 +165,7 @@ const BusyFrames::Module& BusyFrames::module_of(const procfs::Mapping& m, int me
       return mod;
     }
   } else {
-    mod.error = "code in " + (m.path.empty() ? std::string("an anonymous mapping") : m.path);
-    return mod;
+    return mod;  // anonymous code (a JIT's), [vsyscall]: where() says it
   }
   auto t = store_.get(fd.get(), what);
   if (!t) {
@@ -234,7 +233,8 @@ std::string BusyFrames::reason(pid_t tid, int mem) {
     const procfs::Mapping* m = mapping_of(pc);
     if (!m || !m->exec()) return scan(mem, sp, frame, where("pc", pc) + " in no executable mapping");
     const Module& mod = module_of(*m, mem);
-    if (!mod.table) return scan(mem, sp, frame, "no CFI for " + where("pc", pc) + ": " + mod.error);
+    if (!mod.table)
+      return scan(mem, sp, frame, "no CFI for " + where("pc", pc) + (mod.error.empty() ? "" : ": " + mod.error));
     const mt_unwind_row* row = mod.table->lookup(pc - (exact ? 0 : 1) - mod.bias);
     if (!row || MT_ROW_CFA(row) == MT_CFA_NONE) return scan(mem, sp, frame, "no CFI for " + where("pc", pc));
     unwind::RowInfo r = unwind::decode_row(*row);

@@ -19,6 +19,9 @@
  *   busy_target insignal ROUNDS
  *     The same, but the cookie write raises SIGUSR1 and the handler waits
  *     for the line: malloc_info lies past a signal frame.
+ *   busy_target injit ROUNDS
+ *     As inmalloc, but the line is read by a stub in an anonymous
+ *     executable page (no CFI, as a JIT's code): the unwind stops there.
  *   busy_target mt THREADS ROUNDS
  *     bench/inject/mt_stress.c's shape: THREADS threads that have used
  *     malloc wait on a condition variable, the main thread (an array of
@@ -41,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* --- stale return addresses -------------------------------------------- */
@@ -66,8 +70,17 @@ static __attribute__((noinline)) int on_object(struct dl_phdr_info* info, size_t
 
 /* --- waiting ----------------------------------------------------------- */
 
+/* read(2) through code without CFI (injit: an anonymous executable page,
+ * as a JIT's): mov eax, 0; syscall; ret. */
+static long (*reader)(int, void*, size_t);
+
 static void read_line(void) {
   char c;
+  if (reader) {
+    while (reader(0, &c, 1) == 1 && c != '\n') {
+    }
+    return;
+  }
   while (read(0, &c, 1) == 1 && c != '\n') {
   }
 }
@@ -137,7 +150,7 @@ static void* worker(void* arg) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: busy_target stale|inmalloc|insignal ROUNDS | mt THREADS ROUNDS\n");
+    fprintf(stderr, "usage: busy_target stale|inmalloc|insignal|injit ROUNDS | mt THREADS ROUNDS\n");
     return 2;
   }
   const char* mode = argv[1];
@@ -155,8 +168,15 @@ int main(int argc, char** argv) {
     rounds_and_expect(rounds);
     return slots[3] == from_ld_so ? 0 : 1;
   }
-  if (!strcmp(mode, "inmalloc") || !strcmp(mode, "insignal")) {
+  if (!strcmp(mode, "inmalloc") || !strcmp(mode, "insignal") || !strcmp(mode, "injit")) {
     in_signal = !strcmp(mode, "insignal");
+    if (!strcmp(mode, "injit")) {
+      static const unsigned char stub[] = {0xb8, 0, 0, 0, 0, 0x0f, 0x05, 0xc3};
+      void* page = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (page == MAP_FAILED) return 4;
+      memcpy(page, stub, sizeof stub);
+      reader = (long (*)(int, void*, size_t))page;
+    }
     signal(SIGUSR1, on_usr1);
     cookie_io_functions_t io = {.write = cookie_write};
     FILE* f = fopencookie(NULL, "w", io);
@@ -164,6 +184,7 @@ int main(int argc, char** argv) {
     printf("ready %d\n", (int)getpid());
     fflush(stdout);
     malloc_info(0, f); /* blocks in cookie_write, the arena locked */
+    reader = NULL;     /* the second wait in read(2) itself: unwound to its end */
     printf("free %d\n", (int)getpid());
     fflush(stdout);
     read_line();
