@@ -36,7 +36,6 @@ bool is_ld_so(const std::string& base) {
 }  // namespace
 
 // Code whose locks the agent's dlopen may need (busy_frames.h).
-
 Result<BusyCode> busy_code(pid_t pid) {
   auto maps = procfs::read_maps(pid);
   if (!maps) return maps.error();
@@ -119,7 +118,10 @@ Result<std::unique_ptr<BusyFrames>> BusyFrames::open(pid_t pid) {
 }
 
 void BusyFrames::refresh_maps() {
-  if (auto m = procfs::read_maps(pid_)) maps_ = std::move(*m);
+  if (auto m = procfs::read_maps(pid_)) {
+    maps_ = std::move(*m);
+    modules_.clear();  // a range may hold another file now (the tables stay in store_)
+  }
 }
 
 const procfs::Mapping* BusyFrames::mapping_of(uint64_t a) const {
