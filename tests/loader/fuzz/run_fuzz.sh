@@ -7,21 +7,20 @@
 # what earlier runs in BUILD_DIR added to it: longer runs go deeper, but the
 # time to replay the corpus first grows). Fails on any finding; the input
 # that found it is left in BUILD_DIR/artifacts. SECONDS 0: build only.
-# MEMTRACE_HTML_ASSETS: the build's generated src/report/html/html_assets.cpp.
+# FUZZ_SOURCES: the file CMake wrote with what it links (memtrace_replay's
+# sources and its libraries', the generated html_assets.cpp among them;
+# cmake/fuzz_sources.cmake): no second list here.
 set -eu
 src=$1 build=$2 cxx=$3 secs=$4
 shift 4
 here=$src/tests/loader/fuzz
+list=${FUZZ_SOURCES:?the list of sources CMake wrote, BUILD/tests/loader/fuzz-sources.txt}
 mkdir -p "$build/corpus" "$build/artifacts" "$build/obj"
 # What replay_recording runs, and what it links against.
-srcs="$here/fuzz_recording.cpp
-$src/src/loader/replay.cpp $src/src/loader/recording.cpp $src/src/loader/features.cpp
-$src/src/loader/resolver.cpp $src/src/loader/procfs.cpp $src/src/loader/output_file.cpp
-$src/src/heap/heap_model.cpp $src/src/heap/analyses.cpp $src/src/heap/ended.cpp $src/src/report/report.cpp $src/src/report/outputs.cpp $src/src/report/folded.cpp
-$src/src/report/pprof.cpp $src/src/report/diff.cpp $src/src/report/html.cpp ${MEMTRACE_HTML_ASSETS:?the page of the HTML report, html_assets.cpp of the build} $src/src/elf/elf_file.cpp
-$src/src/elf/image.cpp $src/src/symbolize/symbolize.cpp $src/src/procfs/proc_maps.cpp $src/src/symbolize/symbol_table.cpp
-$src/src/symbolize/dwarf_index.cpp $src/src/symbolize/debug_finder.cpp $src/src/symbolize/module.cpp
-$src/src/symbolize/minidebuginfo.cpp $src/src/symbolize/debuginfod.cpp $src/src/symbolize/call_site.cpp"
+srcs="$here/fuzz_recording.cpp $(cat "$list")"
+for f in $srcs; do
+  [ -f "$f" ] || { echo "run_fuzz.sh: $f (listed in $list) is missing: build the project first" >&2; exit 1; }
+done
 obj() { echo "$build/obj/$(echo "$1" | tr / _).o"; }
 # An object is stale when its source, or any header, is newer (2 compiles at a time).
 stale=""

@@ -1,19 +1,23 @@
 #!/bin/sh
 # run_fuzz.sh SOURCE_DIR BUILD_DIR CLANGXX SECONDS [FIXTURE_DIR]
+# (FUZZ_SOURCES: the file of sources CMake wrote for it)
 # Builds the libFuzzer target with clang -fsanitize=fuzzer,address in its own
 # directory and runs it for SECONDS on a seed corpus of real ELF files
 # (fixtures of this test suite, small system binaries). Fails on any finding.
 set -eu
 src=$1 build=$2 cxx=$3 secs=$4 fx=${5:-}
 mkdir -p "$build/corpus" "$build/artifacts"
-sym=$src/src/symbolize
 # Rebuild only when a source changed.
 stamp=$build/fuzz_symbolize
-libsrcs="$src/src/elf/image.cpp $src/src/elf/elf_file.cpp $src/src/procfs/proc_maps.cpp
-$sym/symbolize.cpp $sym/symbol_table.cpp $sym/dwarf_index.cpp $sym/debug_finder.cpp
-$sym/module.cpp $sym/minidebuginfo.cpp $sym/debuginfod.cpp $sym/call_site.cpp"
+# What the library is made of, as CMake wrote it (memtrace_symbolize's
+# sources and its libraries'; cmake/fuzz_sources.cmake).
+list=${FUZZ_SOURCES:?the list of sources CMake wrote, BUILD/tests/symbolize/fuzz-sources.txt}
+libsrcs=$(cat "$list")
 flags="-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I$src/src"
-if [ ! -x "$stamp" ] || [ -n "$(find "$sym" "$src/src/elf" "$src/src/common" "$src/src/procfs" "$src/tests/symbolize/fuzz" -newer "$stamp" -name '*.[ch]*' | head -1)" ]; then
+# shellcheck disable=SC2046
+if [ ! -x "$stamp" ] || [ "$list" -nt "$stamp" ] ||
+   [ -n "$(find $(for f in $libsrcs; do dirname "$f"; done | sort -u) "$src/src/common" "$src/tests/symbolize/fuzz" \
+           -newer "$stamp" -name '*.[ch]*' | head -1)" ]; then
   # The library's objects as the recording fuzzer built them (same flags,
   # tests/loader/fuzz/run_fuzz.sh, run first as a fixture) when they are
   # all there: ~30 s of compiling less in CI. Else compiled here.
