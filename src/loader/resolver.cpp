@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "elf/elf_file.h"
 #include "loader/procfs.h"
@@ -135,15 +136,25 @@ void Resolver::note_paths(pid_t pid, const std::vector<procfs::Mapping>* maps) {
   if (!maps) return;
   for (const auto& m : *maps) {
     std::pair<uint64_t, uint64_t> key{m.dev, m.inode};
-    if (!m.exec() || !m.file() || m.path.ends_with(" (deleted)") || paths_.count(key) || foreign_.count(key)) continue;
-    // A file of another root (a container's libc at the path of the host's
-    // own): its path here is another file, never taken for it.
+    if (!m.exec() || !m.file() || m.path.ends_with(" (deleted)") || paths_.count(key)) continue;
+    if (foreign_.count(key)) {
+      if (container_pids_.size() < 256) container_pids_.insert(pid);
+      continue;
+    }
+    // Not the file here: a file of another root (a container's libc at the
+    // path of the host's own; a path of its mount namespace that names no
+    // file here), never taken for it. Where a gone process of that root has
+    // its files (roots_of): this process's root, the directory when the
+    // path is one of that root.
     struct stat st {}, there {};
-    std::string root = "/proc/" + std::to_string(pid) + "/root";
-    if ((stat(m.path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_dev) != m.dev || st.st_ino != m.inode) &&
-        stat((root + m.path).c_str(), &there) == 0 && static_cast<uint64_t>(there.st_dev) == m.dev &&
-        there.st_ino == m.inode) {
+    if (stat(m.path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_dev) != m.dev || st.st_ino != m.inode) {
       foreign_.insert(key);
+      if (container_pids_.size() < 256) container_pids_.insert(pid);
+      std::string root = "/proc/" + std::to_string(pid) + "/root";
+      if (stat((root + m.path).c_str(), &there) == 0 && static_cast<uint64_t>(there.st_dev) == m.dev &&
+          there.st_ino == m.inode)
+        if (auto slash = m.path.rfind('/'); slash != std::string::npos && slash > 0)
+          foreign_dirs_.insert(m.path.substr(0, slash));
       continue;
     }
     paths_.emplace(key, m.path);
@@ -313,14 +324,15 @@ std::vector<std::string> runpath_dirs(const std::string& list, const std::string
 }
 
 // The directories of the files /etc/ld.so.cache lists (its strings that are
-// absolute paths), then ld.so's default directories.
-std::vector<std::string> system_library_dirs() {
+// absolute paths), then ld.so's default directories; root: another root's
+// cache (a container's; the directories as named there).
+std::vector<std::string> system_library_dirs(const std::string& root = "") {
   std::vector<std::string> out;
   std::set<std::string> seen;
   auto add = [&](std::string d) {
     if (seen.insert(d).second) out.push_back(std::move(d));
   };
-  std::ifstream f("/etc/ld.so.cache", std::ios::binary);
+  std::ifstream f(root + "/etc/ld.so.cache", std::ios::binary);
   std::string cache((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (cache.find("glibc-ld.so.cache") != std::string::npos) {
     for (size_t at = 0; at < cache.size();) {
@@ -375,12 +387,69 @@ std::string in_dir(const std::string& dir, const KernelMapping& k) {
   return "";
 }
 
+// The root a path through /proc/PID/root/ is in ("" for another path).
+std::string root_in(const std::string& path) {
+  if (!path.starts_with("/proc/")) return "";
+  size_t at = path.find("/root/");
+  return at == std::string::npos ? "" : path.substr(0, at + 5);
+}
+
 }  // namespace
+
+bool Resolver::still_there(const std::string& path, uint64_t dev, uint64_t inode) const {
+  if (!path.starts_with("/proc/")) return true;  // a path of the tool's root: the file while the run lasts
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_dev) == dev && st.st_ino == inode;
+}
+
+std::vector<std::string> Resolver::roots_of(const Image& im) {
+  using Key = std::tuple<uint64_t, uint64_t, uint64_t>;  // mount namespace, root (dev, inode)
+  auto key_of = [](const std::string& proc) -> std::optional<Key> {
+    struct stat ns {}, r {};
+    if (stat((proc + "/ns/mnt").c_str(), &ns) != 0 || stat((proc + "/root/").c_str(), &r) != 0) return std::nullopt;
+    return Key{ns.st_ino, r.st_dev, r.st_ino};
+  };
+  std::set<Key> seen;
+  if (auto self = key_of("/proc/self")) seen.insert(*self);
+  std::vector<std::string> out;
+  auto add = [&](pid_t p) {  // false: p is gone
+    std::string proc = "/proc/" + std::to_string(p);
+    auto k = key_of(proc);
+    if (!k) return false;
+    if (seen.insert(*k).second) out.push_back(proc + "/root");
+    return true;
+  };
+  if (im.parent > 0) add(im.parent);
+  for (auto it = container_pids_.begin(); it != container_pids_.end() && out.size() < 16;)
+    it = add(*it) ? std::next(it) : container_pids_.erase(it);
+  return out;
+}
+
+std::string Resolver::in_roots(const std::string& path, uint64_t dev, uint64_t inode, const Image& im,
+                               std::string* root) {
+  if (path.empty() || path[0] != '/' || !dev) return "";
+  for (const auto& r : roots_of(im)) {
+    struct stat st {};
+    std::string p = r + path;
+    if (stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_dev) == dev &&
+        st.st_ino == inode) {
+      if (root) *root = r;
+      return p;
+    }
+  }
+  return "";
+}
 
 const std::string& Resolver::program_of(Image& im) {
   if (im.program.empty() && im.exe.exe) {
-    if (auto it = paths_.find({im.exe.dev, im.exe.inode}); it != paths_.end()) im.program = it->second;
-    else im.program = checked_path(im.exe.path, im.exe.dev, im.exe.inode);
+    if (auto it = paths_.find({im.exe.dev, im.exe.inode}); it != paths_.end()) {
+      if (still_there(it->second, im.exe.dev, im.exe.inode)) im.program = it->second;
+      else paths_.erase(it);
+    }
+    if (im.program.empty()) im.program = checked_path(im.exe.path, im.exe.dev, im.exe.inode);
+    // A container's program (its path is one of its root): through a live
+    // process of that root.
+    if (im.program.empty()) im.program = in_roots(im.exe.path, im.exe.dev, im.exe.inode, im, nullptr);
     if (im.program.empty()) im.exe.exe = false;  // not found: not looked for again
   }
   return im.program;
@@ -421,6 +490,32 @@ std::string Resolver::find_library(const KernelMapping& k, Image& im) {
     if (it->first != k.path && !k.name_cut) break;
     for (const auto& p : it->second)
       if (std::string f = in_dir(p.substr(0, p.rfind('/')), named_as(k, it->first)); !f.empty()) return f;
+  }
+  // A container's process (another mount namespace, a chroot): the same
+  // directories, and those of the files its processes mapped, in the root
+  // of a live process of it (its parent's first), and its own ld.so.cache's.
+  std::vector<std::string> roots = roots_of(im);
+  for (const auto& r : roots) {
+    auto sd = root_system_dirs_.find(r);
+    if (sd == root_system_dirs_.end()) {
+      if (root_system_dirs_.size() > 64) root_system_dirs_.clear();
+      sd = root_system_dirs_.emplace(r, system_library_dirs(r)).first;
+    }
+    std::set<std::string_view> in_root;
+    auto try_dir = [&](const std::string& d) {
+      return in_root.insert(d).second ? in_dir(r + d, k) : std::string();
+    };
+    for (const std::string* d : dirs)
+      if (std::string p = try_dir(*d); !p.empty()) return p;
+    for (const auto& d : sd->second)
+      if (std::string p = try_dir(d); !p.empty()) return p;
+    for (const auto& d : foreign_dirs_)
+      if (std::string p = try_dir(d); !p.empty()) return p;
+    for (auto it = named_.lower_bound(k.path); it != named_.end() && it->first.starts_with(k.path); ++it) {
+      if (it->first != k.path && !k.name_cut) break;
+      for (const auto& p : it->second)
+        if (std::string f = in_dir(r + p.substr(0, p.rfind('/')), named_as(k, it->first)); !f.empty()) return f;
+    }
   }
   // Its parent (a shell, make, collect2: waiting for it, alive still)
   // read now: a parent read before its own exec, or never, has told
@@ -464,11 +559,14 @@ bool Resolver::note_strings(pid_t pid, const std::string& prog) {
 
 std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k, Image& im) {
   std::string path;
-  if (auto it = paths_.find({k.dev, k.inode}); it != paths_.end()) path = it->second;
+  if (auto it = paths_.find({k.dev, k.inode}); it != paths_.end()) {
+    if (still_there(it->second, k.dev, k.inode)) path = it->second;
+    else paths_.erase(it);  // through the root of a process gone since: looked for again
+  }
   if (!k.exe) {
     if (path.empty() && !(path = find_library(k, im)).empty()) {
       paths_.try_emplace({k.dev, k.inode}, path);  // found: the next record of it is a lookup
-      dirs_.insert(path.substr(0, path.rfind('/')));
+      if (root_in(path).empty()) dirs_.insert(path.substr(0, path.rfind('/')));  // (a root's: with its process)
     }
     if (path.empty()) return {};
     procfs::Mapping m;
@@ -482,12 +580,16 @@ std::vector<procfs::Mapping> Resolver::mappings_of(const KernelMapping& k, Image
     return {m};
   }
   if (path.empty()) path = checked_path(k.path, k.dev, k.inode);
+  std::string root = root_in(path);
+  if (path.empty()) path = in_roots(k.path, k.dev, k.inode, im, &root);  // a container's program
   if (path.empty()) return {};
   auto out = code_of(path, k.start, 0);
   if (out.empty() || !k.base) return out;
-  // Its dynamic loader, at the auxiliary vector's AT_BASE.
+  // Its dynamic loader, at the auxiliary vector's AT_BASE (a container's:
+  // in its root).
   if (auto f = elf::ElfFile::open(path); f && !f->image().interp().empty()) {
-    std::string ld = checked_path(f->image().interp(), 0, 0);
+    std::string ld = root.empty() ? checked_path(f->image().interp(), 0, 0) : root + f->image().interp();
+    if (struct stat st {}; !root.empty() && (stat(ld.c_str(), &st) != 0 || !S_ISREG(st.st_mode))) ld.clear();
     if (!ld.empty())
       for (auto& m : code_of(ld, 0, k.base)) out.push_back(std::move(m));
   }

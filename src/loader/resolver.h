@@ -141,7 +141,18 @@ class Resolver {
   // pid's environ and cmdline (prog: its program, for $ORIGIN; "": not
   // known): true when they told of a place not known before.
   bool note_strings(pid_t pid, const std::string& prog);
-  size_t searched() const { return dirs_.size() + env_dirs_.size() + named_files_; }
+  size_t searched() const {
+    return dirs_.size() + env_dirs_.size() + named_files_ + foreign_dirs_.size() + container_pids_.size();
+  }
+  // The roots of live processes that are not the tool's (containers: another
+  // mount namespace or a chroot), /proc/PID/root, one per root: im's
+  // parent's, then those of processes whose maps named files of another
+  // root. A gone process's paths name files of its root, maybe one of these.
+  std::vector<std::string> roots_of(const Image& im);
+  // path in one of those roots, if it is (dev, inode) there (root: set to that root).
+  std::string in_roots(const std::string& path, uint64_t dev, uint64_t inode, const Image& im, std::string* root);
+  // A path of paths_ still the file (one through /proc/PID/root goes with PID)?
+  bool still_there(const std::string& path, uint64_t dev, uint64_t inode) const;
   // pid's image p lives in (by exec id; else the newest older one; else its first).
   const SpaceNode* node_of(const heap::Process& p) const;
   const Image* image_of(const heap::Process& p) const;
@@ -158,6 +169,9 @@ class Resolver {
   std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
   std::set<std::string> dirs_;                                 // their directories
   std::set<std::pair<uint64_t, uint64_t>> foreign_;            // files of another root (a container's)
+  std::set<std::string> foreign_dirs_;                         // their directories (in that root)
+  std::set<pid_t> container_pids_;                             // processes that mapped them
+  std::map<std::string, std::vector<std::string>> root_system_dirs_;  // a root's ld.so.cache dirs
   std::set<std::string> env_dirs_;                             // LD_LIBRARY_PATH's of processes read
   std::map<std::string, std::set<std::string>> named_;         // file name -> paths arguments named
   size_t named_files_ = 0;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "harness.h"
@@ -390,3 +391,63 @@ TEST_F(BusyHost, ForkedChildThatExecsIsSymbolized) { check_fork_exec(false); }
 // once the lifecycle records from before that exec are in (its parent's
 // program and libc).
 TEST_F(BusyHost, ForkedChildThatExecsIsSymbolizedWhenGoneUnread) { check_fork_exec(true); }
+
+// A container's process gone unread: its program and libraries are files of
+// its own root only (a private mount namespace, a tmpfs mounted there with
+// copies of alloc_rounds, dash, sleep, libc and ld.so, chroot'ed into); the
+// kernel's records name them by their paths there (/app/mt_ct_alloc,
+// libc.so.6), which on the host are no file or another one. The loader
+// finds them through the root of a live process of the container (its
+// shell, which waits for it and then sleeps), as /proc/PID/root/..., the
+// (dev, inode) checked: the leak's stack is named. (The shell sleeps first:
+// the container's libc, another file than the host's, has its probes once
+// the shell is read.)
+TEST_F(BusyHost, GoneContainerProcessIsSymbolizedThroughItsRoot) {
+  std::string dir = "/tmp/memtrace-ct-" + std::to_string(getpid()), stage = dir + "/stage", root = dir + "/root";
+  std::string libc = "/lib/x86_64-linux-gnu/libc.so.6", ld = "/lib64/ld-linux-x86-64.so.2";
+  ASSERT_EQ(access(libc.c_str(), R_OK), 0) << "x86-64 Debian layout expected";
+  std::string setup = "rm -rf " + dir + " && mkdir -p " + root + " " + stage + "/app " + stage + "/bin " + stage +
+                      "/lib/x86_64-linux-gnu " + stage + "/lib64 && cp " + target("alloc_rounds") + " " + stage +
+                      "/app/mt_ct_alloc && cp /bin/dash " + stage + "/bin/sh && cp /bin/sleep " + stage +
+                      "/bin/sleep && cp " + libc + " " + stage + libc + " && cp " + ld + " " + stage + ld;
+  ASSERT_EQ(std::system(setup.c_str()), 0) << setup;
+  std::string rep = tmpfile("container");
+  setenv("MEMTRACE_TEST_UNREADABLE_COMM", "mt_ct_alloc", 1);
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--top", "5"});
+  unsetenv("MEMTRACE_TEST_UNREADABLE_COMM");
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  Child t = spawn({"/usr/bin/unshare", "-m", "--propagation", "private", "--fork", "/bin/sh", "-c",
+                   "mount -t tmpfs mt-ct " + root + " && cp -a " + stage + "/. " + root + " && exec /usr/sbin/chroot " +
+                       root + " /bin/sh -c '/bin/sleep 1; /app/mt_ct_alloc --rounds 3; /bin/sleep 1'"});
+  close(t.in);
+  std::string out = read_all(t.out), err = read_all(t.err);
+  close(t.out);
+  close(t.err);
+  ASSERT_EQ(wait_exit(t.pid), 0) << err;
+  EXPECT_NE(out.find("per_round allocs="), std::string::npos) << out << err;
+  sleep(1);
+  json j = stop_tool(m, rep, merr);
+  std::system(("rm -rf " + dir).c_str());
+  ASSERT_TRUE(j.is_object()) << merr;
+  const json& st = j["stats"];
+  std::cerr << "mappings_not_captured " << st["mappings_not_captured"] << ", from_kernel "
+            << st["mappings_from_kernel"] << ", unresolved " << st["mappings_from_kernel_unresolved"] << "\n";
+  const json* p = nullptr;
+  for (const auto& q : j["processes"])
+    if (q["comm"] == "mt_ct_alloc") p = &q;
+  ASSERT_TRUE(p) << j["processes"].size() << " processes";
+  // Named through the container's copies: the 3 rounds' blocks of 33 bytes.
+  const json* l = nullptr;
+  for (const auto& lk : (*p)["leaks"])
+    if (lk["bytes"].get<long>() == 33 * lk["blocks"].get<long>() && lk["blocks"].get<long>() == 3) l = &lk;
+  ASSERT_TRUE(l) << p->dump();
+  auto fns = functions(*l);
+  ASSERT_GE(fns.size(), 3u) << l->dump();
+  EXPECT_EQ(fns[0], "leak_here") << l->dump();
+  EXPECT_TRUE(std::find(fns.begin(), fns.end(), "main") != fns.end()) << l->dump();
+  EXPECT_TRUE(std::find(fns.begin(), fns.end(), "__libc_start_call_main") != fns.end()) << l->dump();
+  std::string prog = module_of(*l, "leak_here"), lc = module_of(*l, "__libc_start_call_main");
+  EXPECT_TRUE(prog.starts_with("/proc/") && prog.ends_with("/root/app/mt_ct_alloc")) << prog;
+  EXPECT_TRUE(lc.starts_with("/proc/") && lc.ends_with("/root" + libc)) << lc;
+}
