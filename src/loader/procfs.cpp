@@ -9,6 +9,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -74,6 +75,23 @@ char process_state(pid_t pid) {
   auto rp = s.rfind(')');
   if (rp == std::string::npos || rp + 2 >= s.size()) return 0;
   return s[rp + 2];
+}
+
+std::optional<uint64_t> start_time(pid_t pid) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/stat");
+  auto rp = s.rfind(')');
+  if (rp == std::string::npos) return std::nullopt;
+  // Fields after the command: state is the 3rd, starttime the 22nd.
+  size_t at = rp + 2;
+  for (int field = 3; field < 22; field++) {
+    at = s.find(' ', at);
+    if (at == std::string::npos) return std::nullopt;
+    at++;
+  }
+  char* end = nullptr;
+  uint64_t t = strtoull(s.c_str() + at, &end, 10);
+  if (end == s.c_str() + at) return std::nullopt;
+  return t;
 }
 
 std::string openable_path(pid_t pid, const MapEntry& m) {

@@ -17,6 +17,9 @@ using procfs::read_maps;
 std::optional<std::string> read_comm(pid_t pid);
 std::optional<pid_t> tgid_of(pid_t tid);  // from /proc/TID/status
 std::optional<pid_t> ppid_of(pid_t pid);
+// When pid started (clock ticks since boot, /proc/PID/stat): with the pid,
+// one process (a pid used again is another start).
+std::optional<uint64_t> start_time(pid_t pid);
 // The NUL-separated strings of /proc/PID/FILE ("environ", "cmdline"): what
 // pid was started with; none when it is gone.
 std::vector<std::string> proc_strings(pid_t pid, const char* file);

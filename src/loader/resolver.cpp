@@ -519,8 +519,12 @@ std::string Resolver::find_library(const KernelMapping& k, Image& im) {
   }
   // Its parent (a shell, make, collect2: waiting for it, alive still)
   // read now: a parent read before its own exec, or never, has told
-  // nothing of what it started this process with.
-  if (im.parent && parents_read_.insert(im.parent).second && note_strings(im.parent, "")) return find_library(k, im);
+  // nothing of what it started this process with. Once per process: a
+  // pid used again is another (its start time).
+  if (im.parent > 0)
+    if (auto start = start_time(im.parent);
+        start && parents_read_.insert({im.parent, *start}).second && note_strings(im.parent, ""))
+      return find_library(k, im);
   not_found_[{k.dev, k.inode, prog}] = searched();
   return "";
 }

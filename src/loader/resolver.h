@@ -175,7 +175,7 @@ class Resolver {
   std::set<std::string> env_dirs_;                             // LD_LIBRARY_PATH's of processes read
   std::map<std::string, std::set<std::string>> named_;         // file name -> paths arguments named
   size_t named_files_ = 0;
-  std::set<pid_t> parents_read_;  // parents read at a lookup (once each)
+  std::set<std::pair<pid_t, uint64_t>> parents_read_;  // parents read at a lookup (once each: pid, start time)
   std::map<std::string, std::vector<std::string>> runpaths_;   // program -> its RUNPATH, $ORIGIN expanded
   std::vector<std::string> system_dirs_;                       // ld.so.cache's, then ld.so's defaults
   // Files looked for in vain, by (dev, inode, program): searched() then
