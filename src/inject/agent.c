@@ -67,6 +67,9 @@ struct view {
 static struct view* g_view; /* the current session's (atomic loads and stores) */
 static TLS struct view* t_v; /* the view of the hook running on this thread */
 static uint32_t g_pid;
+/* forks under way in this process (between the agent's prepare and parent
+ * atfork handlers; see in_fork_child) */
+static uint32_t g_forking;
 
 static TLS int t_in_hook;
 static TLS uint32_t t_tid;
@@ -316,6 +319,21 @@ static void emit(uint32_t kind, uint32_t flags, uint64_t addr, uint64_t size, ui
   commit(pos, len);
 }
 
+/* A call made while a fork is under way: in the child, before the agent's
+ * own child handler has switched the hooks off (another library's atfork
+ * child handler registered before the agent, which runs first). The child
+ * would write into the parent's ring under the parent's pid (a block the
+ * parent never frees: a false leak), so the call goes straight to the
+ * allocator; its entries are still patched, so the child's uprobes do not
+ * see it either: counted in the shared header (the loader's DROPPED
+ * inject_fork_child_calls). getpid() (a system call) only while a fork is
+ * under way. */
+static __attribute__((noinline)) int in_fork_child(struct view* v) {
+  if ((uint32_t)getpid() == g_pid) return 0;
+  __atomic_add_fetch(&v->hdr->fork_child_calls, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+
 /* Whether this call is recorded: the ring is there and wanted, and the
  * thread is not inside a hook already. Sets the flag. */
 static inline int enter(void) {
@@ -323,6 +341,7 @@ static inline int enter(void) {
   struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
   if (UNLIKELY(!v || v->off)) return 0;
   if (UNLIKELY(__atomic_load_n(&v->hdr->state, __ATOMIC_RELAXED) != MT_INJ_ATTACHED)) return 0;
+  if (UNLIKELY(__atomic_load_n(&g_forking, __ATOMIC_RELAXED)) && in_fork_child(v)) return 0;
   if (UNLIKELY(++t_count % MT_INJ_HEARTBEAT_EVERY == 0) && !loader_alive(v)) return 0;
   t_v = v;
   t_in_hook = 1;
@@ -813,6 +832,11 @@ static const char* resolve_real(void) {
   return NULL;
 }
 
+/* Prepare handlers run in the reverse order of registration: the agent's,
+ * registered last, first; its parent and child handlers last. */
+static void before_fork(void) { __atomic_add_fetch(&g_forking, 1, __ATOMIC_SEQ_CST); }
+static void after_fork_parent(void) { __atomic_sub_fetch(&g_forking, 1, __ATOMIC_SEQ_CST); }
+
 static void after_fork_child(void) {
   struct view* v = __atomic_load_n(&g_view, __ATOMIC_ACQUIRE);
   if (v) v->off = 1;
@@ -873,7 +897,7 @@ static int attach_ring(void) {
     else v = (struct view*)vm;
   }
   if (!bad && !g_atfork_ok) {
-    if (pthread_atfork(NULL, NULL, after_fork_child) != 0) bad = "pthread_atfork failed";
+    if (pthread_atfork(before_fork, after_fork_parent, after_fork_child) != 0) bad = "pthread_atfork failed";
     else g_atfork_ok = 1;
   }
   if (bad) {

@@ -126,7 +126,8 @@ struct mt_inj_hdr {
 	uint64_t full_waits;   /* 50 us naps of a writer that found the ring full (the loader's drain was behind) */
 	uint64_t stack_table_full; /* stacks sent again and again: the agent's table of sent stacks is full */
 	char agent_error[128];
-	uint64_t pad0[2];
+	uint64_t fork_child_calls; /* calls a fork's child made before the agent's atfork child handler: not recorded */
+	uint64_t pad0;
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */

@@ -86,15 +86,19 @@ report::Drops Tracer::drops() {
     d.dropped["inject_leftovers_unrestored"] = inject_leftovers_unrestored_;
   }
   if (!injected_.empty()) {  // --inject: records the agent could not write (its ring full)
-    uint64_t drops = 0, malformed = 0;
+    uint64_t drops = 0, malformed = 0, fork_child = 0;
     for (const auto& s : injected_) {
       drops += const_cast<inject::Session&>(*s).ring().hdr().drops;
       malformed += const_cast<inject::Session&>(*s).ring().malformed();
+      fork_child += const_cast<inject::Session&>(*s).ring().hdr().fork_child_calls;
     }
     uint64_t waits = 0;
     for (const auto& s : injected_) waits += const_cast<inject::Session&>(*s).ring().hdr().full_waits;
     d.dropped["inject_ring_full"] = drops;
     d.dropped["inject_malformed"] = malformed;
+    // a fork's child calling the allocator before the agent's atfork child
+    // handler (another library's handler): neither ring sees those calls
+    d.dropped["inject_fork_child_calls"] = fork_child;
     d.stats["inject_full_waits"] = waits;  // 50 us naps of the target's threads: the drain was behind
     uint64_t peak = 0;
     for (const auto& s : injected_) peak = std::max<uint64_t>(peak, s->backlog_peak());
