@@ -76,14 +76,18 @@ constexpr const char* kFexitTargets[] = {MT_SYS_PREFIX "mmap", MT_SYS_PREFIX "mu
                                          MT_SYS_PREFIX "brk", "schedule_tail"};
 
 // fexit works on this kernel: every target has BTF and a trivial program
-// attaches to schedule_tail (BPF trampolines: x86-64 5.5, arm64 6.0). The
-// attach is the only reliable test; it lasts a few milliseconds.
+// attaches to schedule_tail (BPF trampolines on kernel functions: x86-64
+// 5.5; arm64 only with ftrace direct calls, 6.4, commit 2aa6ac03516d "arm64:
+// ftrace: Add direct call support": before it the attach fails with
+// ENOTSUPP). The attach is the only reliable test; it lasts a few
+// milliseconds.
 bool probe_fexit(const btf* vmlinux) {
 #if defined(__aarch64__)
-  // Not on arm64 yet: on Debian's arm64 6.1 under qemu the trial attach
-  // failed, and afterwards the tool's own new tasks crashed at address 0 at
-  // the end of -p, -c and system-wide runs (the guest's bpf.* tests); not
-  // understood yet (docs/kernels.md).
+  // Not on arm64 yet: Debian's arm64 6.1 has no direct calls (the trial
+  // attach fails, as it must), and afterwards the tool's own new tasks
+  // crashed at address 0 at the end of -p, -c and system-wide runs under
+  // qemu (the guest's bpf.* tests); not understood (docs/kernels.md). 6.12
+  // would have them: untried.
   (void)vmlinux;
   return false;
 #endif
