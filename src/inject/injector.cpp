@@ -57,6 +57,47 @@ std::vector<pid_t> task_ids(pid_t pid) {
   return out;
 }
 
+// waitpid, again when a signal interrupts it (the loader's handlers have
+// no SA_RESTART).
+pid_t wait_retry(pid_t tid, int* st, int flags) {
+  pid_t w;
+  do w = waitpid(tid, st, flags);
+  while (w < 0 && errno == EINTR);
+  return w;
+}
+
+// Threads seized and interrupted whose stop did not come in time (a thread
+// in D state): each stops when it leaves that state and is detached then
+// (reap_late: at the next stop_all and at every StoppedProcess's end).
+// Per thread of this process: only the thread that seized may detach.
+thread_local std::set<pid_t> t_late;
+
+void reap_late() {
+  for (auto it = t_late.begin(); it != t_late.end();) {
+    int st = 0;
+    pid_t w = waitpid(*it, &st, __WALL | WNOHANG);
+    if (w == 0 || (w < 0 && errno == EINTR)) {
+      ++it;
+      continue;
+    }
+    if (w == *it) {
+      Stop s = Stop::of(st);
+      if (s.kind == Stop::EventStop || s.kind == Stop::SignalStop)
+        ptrace(PTRACE_DETACH, *it, nullptr, reinterpret_cast<void*>(intptr_t(s.kind == Stop::SignalStop ? s.sig : 0)));
+    }
+    it = t_late.erase(it);  // detached, ended, or not ours any more (ECHILD)
+  }
+}
+
+std::string thread_state(pid_t tid) {
+  std::ifstream f("/proc/" + std::to_string(tid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return "?";
+  return std::string(1, line[close + 2]);
+}
+
 }  // namespace
 
 // Every thread of a process, seized and stopped; detached (with the signals
@@ -68,45 +109,96 @@ class StoppedProcess {
   StoppedProcess& operator=(const StoppedProcess&) = delete;
   ~StoppedProcess() {
     for (auto& [tid, sig] : threads_) ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(intptr_t(sig)));
+    reap_late();
   }
 
   // Seize and interrupt threads until a listing finds none new (threads
-  // started during the attach are caught by the next round).
-  Result<void> stop_all() {
-    for (int round = 0; round < 100; round++) {
-      bool added = false;
+  // started during the attach are caught by the next round). An error, and
+  // every thread stopped here let go, when a thread does not stop within
+  // lim.timeout_ms (it is detached when it stops: reap_late) or the last
+  // of lim.rounds listings still found new ones.
+  Result<void> stop_all(const StopLimits& lim = {}) {
+    reap_late();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(lim.timeout_ms);
+    std::set<pid_t> before;
+    for (const auto& [tid, sig] : threads_) before.insert(tid);
+    std::string who = "pid " + std::to_string(pid_);
+    auto fail = [&](Error e) -> Result<void> {
+      for (auto it = threads_.begin(); it != threads_.end();) {
+        if (before.count(it->first)) {
+          ++it;
+          continue;
+        }
+        ptrace(PTRACE_DETACH, it->first, nullptr, reinterpret_cast<void*>(intptr_t(it->second)));
+        it = threads_.erase(it);
+      }
+      if (!threads_.count(first_)) first_ = 0;
+      return e;
+    };
+    bool settled = false;
+    for (int round = 0; round < lim.rounds && !settled; round++) {
+      std::vector<pid_t> pending;
       for (pid_t tid : task_ids(pid_)) {
         if (threads_.count(tid) || gone_.count(tid)) continue;
+        if (t_late.count(tid)) {  // seized and interrupted by an earlier call: its stop may come now
+          t_late.erase(tid);
+          pending.push_back(tid);
+          continue;
+        }
         if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
           if (errno == ESRCH) {
             gone_.insert(tid);
             continue;
           }
-          return Error::sys("ptrace(PTRACE_SEIZE) thread " + std::to_string(tid) + " of pid " + std::to_string(pid_));
+          Error e = Error::sys("ptrace(PTRACE_SEIZE) thread " + std::to_string(tid) + " of " + who);
+          return fail(e);
         }
-        added = true;
         if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) {
-          ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
-          gone_.insert(tid);
+          gone_.insert(tid);  // ending: reaped (a traced thread's exit waits for its tracer)
+          t_late.insert(tid);
           continue;
         }
-        int st = 0;
-        if (waitpid(tid, &st, __WALL) != tid) {
-          gone_.insert(tid);
-          continue;
-        }
-        Stop s = Stop::of(st);
-        if (s.kind == Stop::Exited || s.kind == Stop::Killed) {
-          gone_.insert(tid);
-          continue;
-        }
-        // A signal that stopped it before the interrupt goes back at detach.
-        threads_[tid] = s.kind == Stop::SignalStop ? s.sig : 0;
-        if (!first_) first_ = tid;
+        pending.push_back(tid);
       }
-      if (!added) break;
+      settled = pending.empty();
+      while (!pending.empty()) {
+        for (auto it = pending.begin(); it != pending.end();) {
+          int st = 0;
+          pid_t w = waitpid(*it, &st, __WALL | WNOHANG);
+          if (w == 0 || (w < 0 && errno == EINTR)) {
+            ++it;
+            continue;
+          }
+          pid_t tid = *it;
+          it = pending.erase(it);
+          if (w < 0) {  // not ours any more
+            gone_.insert(tid);
+            continue;
+          }
+          Stop s = Stop::of(st);
+          if (s.kind == Stop::Exited || s.kind == Stop::Killed) {
+            gone_.insert(tid);
+            continue;
+          }
+          // A signal that stopped it before the interrupt goes back at detach.
+          threads_[tid] = s.kind == Stop::SignalStop ? s.sig : 0;
+          if (!first_) first_ = tid;
+        }
+        if (pending.empty()) break;
+        if (std::chrono::steady_clock::now() > deadline) {
+          for (pid_t tid : pending) t_late.insert(tid);
+          pid_t t = pending.front();
+          return fail(Error::msg(who + ": thread " + std::to_string(t) + " did not stop within " +
+                                 std::to_string(lim.timeout_ms) + " ms (state " + thread_state(t) +
+                                 "); every thread let go (that one when it stops)"));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
     }
-    if (!threads_.count(pid_)) return Error::msg("pid " + std::to_string(pid_) + ": its main thread could not be stopped");
+    if (!settled)
+      return fail(Error::msg(who + ": new threads still started after " + std::to_string(lim.rounds) +
+                             " listings of its threads; every thread let go"));
+    if (!threads_.count(pid_)) return fail(Error::msg(who + ": its main thread could not be stopped"));
     return {};
   }
   // Only tid (the thread that will make the call): the others run on
@@ -162,7 +254,7 @@ class StoppedProcess {
   Result<void> wait_interrupted(pid_t tid) {
     for (;;) {
       int st = 0;
-      if (waitpid(tid, &st, __WALL) != tid) return Error::sys("waitpid");
+      if (wait_retry(tid, &st, __WALL) != tid) return Error::sys("waitpid");
       Stop s = Stop::of(st);
       if (s.kind == Stop::Exited || s.kind == Stop::Killed) {
         threads_.erase(tid);
@@ -190,14 +282,15 @@ void HeldDeleter::operator()(StoppedProcess* p) const { delete p; }
 void release_others(StoppedProcess& sp) { sp.release_others(); }
 
 Result<void> with_threads_stopped(pid_t pid, StoppedProcess* held,
-                                  const std::function<Result<void>(const std::vector<pid_t>&)>& fn) {
+                                  const std::function<Result<void>(const std::vector<pid_t>&)>& fn,
+                                  const StopLimits& lim) {
   if (held) {
     // The others too (load_library stops only its caller).
-    if (auto r = held->stop_all(); !r) return r.error();
+    if (auto r = held->stop_all(lim); !r) return r.error();
     return fn(held->tids());
   }
   StoppedProcess sp(pid);
-  if (auto r = sp.stop_all(); !r) return r.error();
+  if (auto r = sp.stop_all(lim); !r) return r.error();
   auto out = fn(sp.tids());
   sp.resend_extra();
   return out;
@@ -266,7 +359,7 @@ Result<uint64_t> remote_call(StoppedProcess& sp, pid_t tid, int mem, uint64_t fn
     if (w == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
         ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
-        waitpid(tid, &st, __WALL);
+        wait_retry(tid, &st, __WALL);
         put_back();
         return Error::msg("the call did not return within " + std::to_string(timeout_ms) +
                           " ms (a lock held by another thread?); abandoned, the target's loader lock may stay taken");
@@ -274,6 +367,7 @@ Result<uint64_t> remote_call(StoppedProcess& sp, pid_t tid, int mem, uint64_t fn
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       continue;
     }
+    if (w < 0 && errno == EINTR) continue;
     if (w < 0) return Error::sys("waitpid");
     Stop s = Stop::of(st);
     if (s.kind == Stop::Exited || s.kind == Stop::Killed)
@@ -411,13 +505,15 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms, const std::function<void()
     siginfo_t si{};
     for (;;) {
       si.si_pid = 0;
-      if (waitid(P_PID, pid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) != 0)
+      if (waitid(P_PID, pid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT | __WALL) != 0) {
+        if (errno == EINTR) continue;
         return Error::sys(who + ": waitid");
+      }
       if (si.si_pid == pid) break;
       if (std::chrono::steady_clock::now() > deadline) {
         ptrace(PTRACE_INTERRUPT, pid, nullptr, nullptr);
         int st = 0;
-        waitpid(pid, &st, __WALL);
+        wait_retry(pid, &st, __WALL);
         put_back();
         return Error::msg(who + ": did not reach its entry point within " + std::to_string(timeout_ms) + " ms");
       }
@@ -430,7 +526,7 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms, const std::function<void()
                         ")");
     }
     int st = 0;
-    waitpid(pid, &st, __WALL);
+    wait_retry(pid, &st, __WALL);
     Stop s = Stop::of(st);
     if (s.kind == Stop::EventStop) continue;  // a group stop, or our interrupt: on
     if (s.kind != Stop::SignalStop) continue;

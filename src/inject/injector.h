@@ -39,11 +39,25 @@ struct LoadStats {
   pid_t caller = 0;           // the thread that made the call (the main thread unless it stayed busy)
 };
 
+// How long stopping every thread of a process may take (a thread in D
+// state does not stop), and how many listings of its threads it may make
+// (threads started meanwhile are stopped by the next; the last must find
+// none new: no thread runs while the entries are written).
+struct StopLimits {
+  int timeout_ms = 2000;
+  int rounds = 100;
+};
+
 // fn(the ids of pid's threads) while every one of them is stopped (seized
 // and interrupted here, let go after; or held's: those not stopped yet are
-// added to it); no thread runs code of the process meanwhile.
+// added to it); no thread runs code of the process meanwhile. An error
+// naming the thread, nothing run and every thread stopped here let go,
+// when one did not stop within lim.timeout_ms (it is detached when it
+// stops, at the next call or StoppedProcess's end) or new threads kept
+// starting for lim.rounds listings.
 Result<void> with_threads_stopped(pid_t pid, StoppedProcess* held,
-                                  const std::function<Result<void>(const std::vector<pid_t>&)>& fn);
+                                  const std::function<Result<void>(const std::vector<pid_t>&)>& fn,
+                                  const StopLimits& lim = {});
 // held's threads let go but the one it stopped first (load_library's
 // caller, hold_at_entry's main thread).
 void release_others(StoppedProcess& held);

@@ -4,18 +4,23 @@
 // interrupted) lies in the loader or the allocator; stale return addresses
 // in unused stack slots do not count. tests/inject/busy_target.c puts its
 // threads where each test wants them and knows what must be counted after.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
 
 #include "heap/heap_model.h"
+#include "inject/injector.h"
 #include "inject/session.h"
 #include "test_env.h"
 #include "../loader/harness.h"
@@ -227,4 +232,188 @@ TEST(InjectBusy, MtStressInjectedOnItsMainThread) {
   EXPECT_EQ(p.s.frees, 80000u);
   EXPECT_EQ(p.s.allocs - p.s.in_use_blocks, 80000u);
   EXPECT_LE(p.s.in_use_blocks, 4u);
+}
+
+// Stopping every thread of a process (inject::with_threads_stopped, the
+// patch and the BPF path's restore of a killed session's entries).
+
+namespace {
+
+// A child of this test whose main thread waits in vfork until its vfork
+// child ends, ms later: state D, which no PTRACE_INTERRUPT stops.
+pid_t fork_in_vfork(int ms) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    pid_t v = vfork();
+    if (v == 0) {
+      usleep(static_cast<useconds_t>(ms) * 1000);
+      _exit(0);
+    }
+    waitpid(v, nullptr, 0);
+    for (;;) pause();
+  }
+  return pid;
+}
+
+// A child of this test with n threads besides its main one, all in pause().
+pid_t fork_with_threads(int n) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (int i = 0; i < n; i++) {
+      pthread_t t;
+      pthread_create(&t, nullptr, [](void*) -> void* {
+        for (;;) pause();
+      }, nullptr);
+    }
+    for (;;) pause();
+  }
+  return pid;
+}
+
+std::vector<pid_t> tasks_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(dir.c_str())) {
+    while (auto* e = readdir(d))
+      if (e->d_name[0] >= '0' && e->d_name[0] <= '9') out.push_back(atoi(e->d_name));
+    closedir(d);
+  }
+  return out;
+}
+
+char state_of(pid_t pid, pid_t tid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+}
+
+bool wait_state(pid_t pid, char want, int ms = 5000) {
+  for (int i = 0; i < ms; i++) {
+    if (state_of(pid, pid) == want) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// How many of pid's threads a tracer holds (/proc/PID/task/TID/status).
+int traced_threads(pid_t pid) {
+  int n = 0;
+  for (pid_t tid : tasks_of(pid)) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("TracerPid:", 0) == 0) n += atoi(line.c_str() + 10) != 0;
+  }
+  return n;
+}
+
+void end_child(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
+// A thread that does not stop (state D: waiting in vfork) fails the stop
+// after the limit, naming it, with nothing run and every other thread let
+// go: the waitpid with no limit kept them stopped and the tool's event
+// loop blocked for as long as it stayed there. It is let go when its stop
+// comes (here at the next call, which stops it and lets it go again).
+TEST(InjectBusy, AThreadThatDoesNotStopFailsTheStopInTime) {
+  MEMTRACE_REQUIRE_ROOT();
+  pid_t pid = fork_in_vfork(1500);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_state(pid, 'D')) << state_of(pid, pid);
+  int ran = 0;
+  size_t seen = 0;
+  auto fn = [&](const std::vector<pid_t>& tids) -> Result<void> {
+    ran++;
+    seen = tids.size();
+    return {};
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = inject::with_threads_stopped(pid, nullptr, fn, {300, 100});
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(ran, 0);
+  EXPECT_NE(r.error().message.find("thread " + std::to_string(pid) + " did not stop within 300 ms (state D)"),
+            std::string::npos)
+      << r.error().message;
+  EXPECT_LT(ms, 1000);
+  // Its interrupt stop once the vfork child has ended; then the next call.
+  ASSERT_TRUE(wait_state(pid, 't')) << state_of(pid, pid);
+  r = inject::with_threads_stopped(pid, nullptr, fn);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(seen, 1u);
+  EXPECT_EQ(traced_threads(pid), 0);
+  EXPECT_TRUE(wait_state(pid, 'S')) << state_of(pid, pid);  // runs on (in pause)
+  end_child(pid);
+}
+
+// The last listing of the threads must find none new (a thread started
+// after it would run while the entries are written): with one listing
+// allowed, a process with threads fails, every thread let go; with two it
+// succeeds. Before, the 100th listing's new threads were ignored.
+TEST(InjectBusy, StopFailsWhenTheLastListingStillFindsNewThreads) {
+  MEMTRACE_REQUIRE_ROOT();
+  pid_t pid = fork_with_threads(2);
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 5000 && tasks_of(pid).size() < 3; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(tasks_of(pid).size(), 3u);
+  int ran = 0;
+  size_t seen = 0;
+  auto fn = [&](const std::vector<pid_t>& tids) -> Result<void> {
+    ran++;
+    seen = tids.size();
+    return {};
+  };
+  auto r = inject::with_threads_stopped(pid, nullptr, fn, {2000, 1});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(ran, 0);
+  EXPECT_NE(r.error().message.find("new threads still started after 1 listings"), std::string::npos)
+      << r.error().message;
+  EXPECT_EQ(traced_threads(pid), 0);
+  r = inject::with_threads_stopped(pid, nullptr, fn, {2000, 2});
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(seen, 3u);
+  EXPECT_EQ(traced_threads(pid), 0);
+  end_child(pid);
+}
+
+// A signal handler without SA_RESTART (the loader's SIGINT and SIGCHLD)
+// firing all through the stops: every stop succeeds, every thread is let
+// go. Before, a waitpid interrupted (EINTR) left its thread seized and
+// stopped until the tool exited.
+TEST(InjectBusy, SignalsDuringTheStopLeaveNoThreadStopped) {
+  MEMTRACE_REQUIRE_ROOT();
+  pid_t pid = fork_with_threads(8);
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 5000 && tasks_of(pid).size() < 9; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(tasks_of(pid).size(), 9u);
+  struct sigaction sa {}, old {};
+  sa.sa_handler = [](int) {};
+  sa.sa_flags = 0;  // no SA_RESTART
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGALRM, &sa, &old), 0);
+  itimerval every{{0, 100}, {0, 100}}, off{};
+  ASSERT_EQ(setitimer(ITIMER_REAL, &every, nullptr), 0);
+  int ok = 0;
+  for (int i = 0; i < 50; i++) {
+    size_t seen = 0;
+    auto r = inject::with_threads_stopped(pid, nullptr, [&](const std::vector<pid_t>& tids) -> Result<void> {
+      seen = tids.size();
+      return {};
+    });
+    EXPECT_TRUE(r) << r.error().message;
+    ok += r && seen == 9;
+  }
+  setitimer(ITIMER_REAL, &off, nullptr);
+  sigaction(SIGALRM, &old, nullptr);
+  EXPECT_EQ(ok, 50);
+  EXPECT_EQ(traced_threads(pid), 0);
+  end_child(pid);
 }
