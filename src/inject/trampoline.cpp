@@ -587,15 +587,18 @@ Result<uint32_t> unpatch_entries(pid_t pid, mt_inj_hdr* hdr) {
   uint64_t tramp = hdr->tramp;
   bool any = false;
   for (uint32_t i = 0; i < count; i++) any |= hdr->entries[i].stub != 0;
-  if (!any || !tramp || !agent_mapped(pid)) return 0u;
+  if (!any) return 0u;
+  std::string who = "pid " + std::to_string(pid);
+  if (!tramp) return Error::msg(who + ": entries patched but no trampoline area recorded");
+  if (!agent_mapped(pid)) return Error::msg(who + ": the agent is not mapped any more");
   // The trampoline area still there: the same image as the agent's.
   auto maps = procfs::read_maps(pid);
-  if (!maps) return 0u;
+  if (!maps) return maps.error();
   bool area = false;
   for (const auto& m : *maps) area |= m.start <= tramp && tramp < m.end && m.exec() && !m.file();
-  if (!area) return 0u;
+  if (!area) return Error::msg(who + ": the trampoline area at " + hex(tramp) + " is not mapped any more");
   Fd mem(open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC));
-  if (!mem.valid()) return 0u;
+  if (!mem.valid()) return Error::sys("open /proc/" + std::to_string(pid) + "/mem");
   uint32_t put_back = 0;
   auto r = with_threads_stopped(pid, nullptr, [&](const std::vector<pid_t>&) -> Result<void> {
     for (uint32_t i = 0; i < count; i++) {
@@ -608,13 +611,20 @@ Result<uint32_t> unpatch_entries(pid_t pid, mt_inj_hdr* hdr) {
         if (n < kJmpLen || n > 16) continue;
         uint8_t now[16];
         if (pread(mem.get(), now, n, static_cast<off_t>(e.fn)) != static_cast<ssize_t>(n)) continue;
-        // As patched, but for a uprobe's int3 on any byte.
-        bool ours = true;
-        for (size_t k = 0; k < n; k++) ours &= now[k] == orig[17 + k] || now[k] == 0xcc;
-        if (!ours) continue;
-        for (size_t k = 0; k < n; k++)
-          if (now[k] != 0xcc) now[k] = orig[k];  // a uprobe's int3 stays, on the original instruction
-        if (!mem_write(mem.get(), e.fn, now, n)) continue;
+        // As patched, or as the file has them (put back already: a restore
+        // ended between two entries, or another tool's), but for a
+        // uprobe's int3 on any byte.
+        bool ours = true, original = true;
+        for (size_t k = 0; k < n; k++) {
+          ours &= now[k] == orig[17 + k] || now[k] == 0xcc;
+          original &= now[k] == orig[k] || now[k] == 0xcc;
+        }
+        if (!ours && !original) continue;
+        if (!original) {
+          for (size_t k = 0; k < n; k++)
+            if (now[k] != 0xcc) now[k] = orig[k];  // a uprobe's int3 stays, on the original instruction
+          if (!mem_write(mem.get(), e.fn, now, n)) continue;
+        }
         put_back++;
       }
       // Its pointer (and its aliases') to the original itself again: the

@@ -71,8 +71,10 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
 // stopped; the agent's pointers to the originals too. At a session's clean
 // end: a tracer's uprobe placed later on one of those entries (the BPF
 // path's at malloc's first instruction) would find the jmp there and break
-// the process. How many were put back; none if the process or its agent
-// is gone.
+// the process. How many were put back (an entry found as the file has it
+// already, a restore ended half way or another tool's, counts: its pointers
+// are reset and it is listed as not patched); an error saying why when
+// none could be (the agent, its trampoline area or /proc/PID/mem gone).
 Result<uint32_t> unpatch_entries(pid_t pid, mt_inj_hdr* hdr);
 
 }  // namespace memtrace::inject
