@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -465,17 +466,41 @@ struct MappedHdr {
   }
 };
 
+// Whether pid is a running memtrace-bpf: there, not a zombie (killed, its
+// parent has not reaped it yet), and memtrace-bpf by its name or its
+// executable's (not another program the pid was given to since).
+bool is_live_tool(pid_t pid) {
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+  std::string dir = "/proc/" + std::to_string(pid);
+  char buf[512];
+  Fd stat(open((dir + "/stat").c_str(), O_RDONLY | O_CLOEXEC));
+  ssize_t n = stat.valid() ? read(stat.get(), buf, sizeof buf - 1) : -1;
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char* close = strrchr(buf, ')');
+  if (!close || close[1] != ' ' || close[2] == 'Z' || close[2] == 'X') return false;
+  const std::string name = "memtrace-bpf";
+  Fd comm(open((dir + "/comm").c_str(), O_RDONLY | O_CLOEXEC));
+  n = comm.valid() ? read(comm.get(), buf, sizeof buf - 1) : -1;
+  if (n > 0 && std::string(buf, static_cast<size_t>(n)) == name + "\n") return true;
+  n = readlink((dir + "/exe").c_str(), buf, sizeof buf - 1);
+  if (n <= 0) return false;
+  std::string exe(buf, static_cast<size_t>(n));
+  if (exe.size() > 10 && exe.compare(exe.size() - 10, 10, " (deleted)") == 0) exe.resize(exe.size() - 10);
+  return exe.substr(exe.rfind('/') + 1) == name;
+}
+
 // Whether the session of ring header h still has its tool: attached, its
-// process there and its heartbeat younger than MT_INJ_STALE_MAX_NS (the
-// agent's own limit for a tool that is there, agent.c loader_alive). A
-// tool whose process is gone is dead at once, before its heartbeat goes
-// stale (MT_INJ_STALE_NS): the agent would find that within 3 s.
+// process a live memtrace-bpf (is_live_tool) and its heartbeat younger
+// than MT_INJ_STALE_MAX_NS (the agent's own limit for a tool that is
+// there, agent.c loader_alive). A tool whose process is gone is dead at
+// once, before its heartbeat goes stale (MT_INJ_STALE_NS): the agent
+// would find that within 3 s.
 bool tool_alive(const mt_inj_hdr& h) {
   if (__atomic_load_n(&h.state, __ATOMIC_ACQUIRE) != MT_INJ_ATTACHED) return false;
   uint64_t now = monotonic_ns(), beat = __atomic_load_n(&h.heartbeat_ns, __ATOMIC_RELAXED);
   uint64_t age = now > beat ? now - beat : 0;
-  pid_t tool = static_cast<pid_t>(h.loader_pid);
-  return age <= MT_INJ_STALE_MAX_NS && tool > 0 && (kill(tool, 0) == 0 || errno == EPERM);
+  return age <= MT_INJ_STALE_MAX_NS && is_live_tool(static_cast<pid_t>(h.loader_pid));
 }
 
 }  // namespace
