@@ -104,6 +104,7 @@ class Tracer {
     bool attached = false;  // through its own probes, or system-wide ones
     bool injected = false;  // --inject: its malloc family from the agent, not uprobes
     bool exited = false;
+    bool leftovers_tried = false;  // inject::restore_left_patched ran for it (once: an attach retried after it does not again)
   };
 
   Result<void> load();

@@ -52,15 +52,20 @@ Result<void> Tracer::attach_process(pid_t pid, bool required, Snapshot* given) {
   }
   // Allocator entries an earlier, killed --inject session left patched
   // (its stubs run the probed instructions past the uprobes): put back
-  // before the uprobes go on (docs/inject.md).
-  if (auto r = inject::restore_left_patched(pid, *maps); !r) {
-    std::cerr << "memtrace-bpf: " << r.error().message
-              << ": its allocator calls through the agent's hooks pass the uprobes: its counts will be incomplete\n";
-    inject_leftovers_unrestored_++;
-  } else if (*r) {
-    std::cerr << "memtrace-bpf: pid " << pid << ": restored " << *r
-              << " allocator entries left patched by an earlier --inject session\n";
-    inject_leftovers_restored_++;
+  // before the uprobes go on (docs/inject.md). Once per process: an attach
+  // that fails after it is tried again at the next mapping, its line and
+  // count are not repeated.
+  if (!p.leftovers_tried) {
+    p.leftovers_tried = true;
+    if (auto r = inject::restore_left_patched(pid, *maps); !r) {
+      std::cerr << "memtrace-bpf: " << r.error().message
+                << ": its allocator calls through the agent's hooks pass the uprobes: its counts will be incomplete\n";
+      inject_leftovers_unrestored_++;
+    } else if (*r) {
+      std::cerr << "memtrace-bpf: pid " << pid << ": restored " << *r
+                << " allocator entries left patched by an earlier --inject session\n";
+      inject_leftovers_restored_++;
+    }
   }
   if (o_.explain_probes) std::cerr << Attacher::explain(**obj);
   auto t0 = std::chrono::steady_clock::now();
