@@ -986,6 +986,57 @@ TEST(Inject, CleanEndPutsEntriesBackAndReattachPatchesAgain) {
   EXPECT_EQ(exit_within(pid, 10000), 0);
 }
 
+// An entry found as the file has it already (a restore that ended between
+// two entries, or another tool's) counts as put back: the agent's pointer
+// to it is reset and it is listed as not patched; a second end finds
+// nothing to do. Before, it stayed listed: "N of them still patched" and
+// an inject_leftovers_unrestored at every later BPF attach.
+TEST(Inject, EndCountsAnEntryPutBackAlready) {
+  MEMTRACE_REQUIRE_ROOT();
+  Child c = spawn({std::string(TARGET_DIR) + "/dlsym_target", "10"});
+  std::string out;
+  pid_t pid = ready_pid(c, &out);
+  ASSERT_EQ(pid, c.pid) << out;
+  inject::SessionOptions o;
+  o.agent = AGENT;
+  o.ring_mb = 16;
+  o.stack_mode = MT_INJ_STACK_FP;
+  auto s = inject::Session::start(pid, o);
+  ASSERT_TRUE(s) << s.error().message;
+  uint32_t patched = (*s)->patch_report().patched;
+  ASSERT_GE(patched, 9u);
+  mt_inj_hdr* h = (*s)->ring().mutable_hdr();
+  const auto& e0 = h->entries[0];
+  ASSERT_EQ(std::string(e0.name), "malloc");
+  int mem = open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(mem, 0);
+  uint8_t orig[33] = {0};  // the file's bytes (16), their count, the patched bytes (ring.h orig_slot)
+  ASSERT_EQ(pread(mem, orig, sizeof orig, static_cast<off_t>(e0.orig_slot)), 33);
+  size_t n = orig[16];
+  ASSERT_GE(n, 5u);
+  ASSERT_EQ(pwrite(mem, orig, n, static_cast<off_t>(e0.fn)), static_cast<ssize_t>(n));  // put back by someone else
+  auto r = inject::end_in_target(pid, h);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(*r, patched);
+  for (uint32_t i = 0; i < h->entry_count && i < MT_INJ_ENTRY_MAX; i++) EXPECT_EQ(h->entries[i].stub, 0u) << h->entries[i].name;
+  uint64_t real = 0;
+  ASSERT_EQ(pread(mem, &real, 8, static_cast<off_t>(e0.real_slot)), 8);
+  EXPECT_EQ(real, e0.fn);
+  std::string now(16, '\0');
+  ASSERT_EQ(pread(mem, now.data(), now.size(), static_cast<off_t>(e0.fn)), 16);
+  void* mine = dlsym(RTLD_DEFAULT, "malloc");  // libc's own bytes: this process's malloc, the same file
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(now, std::string(static_cast<const char*>(mine), 16));
+  auto again = inject::end_in_target(pid, h);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(*again, 0u);
+  close(mem);
+  (*s)->detach();
+  EXPECT_EQ(write(c.in, "\n", 1), 1);
+  close(c.in);
+  EXPECT_EQ(exit_within(pid, 10000), 0);
+}
+
 // Issue 21, item 11: tests/targets/dlopen_alloc dlopen's a library whose
 // constructor allocates (inside dlopen, before any GOT of it is hooked),
 // ld.so allocates its link map through its own pointer to malloc, and the
@@ -1040,7 +1091,10 @@ TEST(Inject, CliForkedChildrenOfAPatchedProcess) {
 // exact, and the target exits 0.
 // by_comm: the BPF path finds it with -c (a copy of the target under a name
 // of its own: other tests' inject_target processes are not taken).
-static void bpf_path_after_killed_inject(bool traced_already, bool by_comm = false) {
+// zombie_tool: the killed tool not reaped until the BPF path has attached
+// (its pid still answers kill(pid, 0), its heartbeat is fresh): dead all
+// the same, its entries are put back.
+static void bpf_path_after_killed_inject(bool traced_already, bool by_comm = false, bool zombie_tool = false) {
   std::string target = std::string(TARGET_DIR) + "/inject_target", comm;
   if (by_comm) {
     comm = "ij_left_" + std::to_string(getpid());
@@ -1060,7 +1114,12 @@ static void bpf_path_after_killed_inject(bool traced_already, bool by_comm = fal
   EXPECT_EQ(count_of(ferr, "not patched"), 0u) << ferr;
   ASSERT_TRUE(read_until(t.out, "expect", &tout, 20000)) << tout;
   kill(first.pid, SIGKILL);
-  waitpid(first.pid, nullptr, 0);
+  if (zombie_tool) {
+    siginfo_t si{};
+    ASSERT_EQ(waitid(P_PID, first.pid, &si, WEXITED | WNOWAIT), 0) << strerror(errno);  // a zombie now
+  } else {
+    waitpid(first.pid, nullptr, 0);
+  }
   ASSERT_TRUE(read_until(t.out, "outliving", &tout, 20000)) << tout;
   if (traced_already) {
     ASSERT_EQ(ptrace(PTRACE_SEIZE, pid, nullptr, nullptr), 0) << strerror(errno);
@@ -1070,6 +1129,13 @@ static void bpf_path_after_killed_inject(bool traced_already, bool by_comm = fal
   close(m.in);
   std::string merr;
   ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  if (zombie_tool) waitpid(first.pid, nullptr, 0);
+  if (traced_already) {  // let go (interrupted first: a running tracee cannot be detached)
+    EXPECT_EQ(ptrace(PTRACE_INTERRUPT, pid, nullptr, nullptr), 0) << strerror(errno);
+    int st = 0;
+    EXPECT_EQ(waitpid(pid, &st, __WALL), pid) << strerror(errno);
+    EXPECT_EQ(ptrace(PTRACE_DETACH, pid, nullptr, nullptr), 0) << strerror(errno);
+  }
   std::string restored = "pid " + std::to_string(pid) + ": restored ";
   std::string incomplete = "its counts will be incomplete";
   if (!traced_already) {
@@ -1116,6 +1182,14 @@ TEST(Inject, BpfPathAfterAKilledInjectSession) {
 TEST(Inject, BpfPathByCommAfterAKilledInjectSession) {
   MEMTRACE_REQUIRE_ROOT();
   bpf_path_after_killed_inject(false, true);
+}
+
+// The same, the killed tool a zombie still (not reaped by its parent):
+// before, its pid answering kill(pid, 0) made it a live session's, its
+// entries left patched ("records this process") and the counts incomplete.
+TEST(Inject, BpfPathRestoresAfterAZombieInjectTool) {
+  MEMTRACE_REQUIRE_ROOT();
+  bpf_path_after_killed_inject(false, false, true);
 }
 
 // The same, the entries cannot be put back (ptrace refused: this test
