@@ -281,6 +281,8 @@ void HeldDeleter::operator()(StoppedProcess* p) const { delete p; }
 
 void release_others(StoppedProcess& sp) { sp.release_others(); }
 
+void release_late_threads() { reap_late(); }
+
 Result<void> with_threads_stopped(pid_t pid, StoppedProcess* held,
                                   const std::function<Result<void>(const std::vector<pid_t>&)>& fn,
                                   const StopLimits& lim) {

@@ -58,6 +58,11 @@ struct StopLimits {
 Result<void> with_threads_stopped(pid_t pid, StoppedProcess* held,
                                   const std::function<Result<void>(const std::vector<pid_t>&)>& fn,
                                   const StopLimits& lim = {});
+// Threads a failed stop left seized (they did not stop in time) and that
+// have stopped since, let go; call it now and then from the thread that
+// stops processes (only it may detach them): else they stay stopped until
+// its next stop or its end. Cheap when there are none.
+void release_late_threads();
 // held's threads let go but the one it stopped first (load_library's
 // caller, hold_at_entry's main thread).
 void release_others(StoppedProcess& held);

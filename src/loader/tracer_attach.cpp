@@ -23,6 +23,7 @@
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
 #include "memtrace_bpf_compat.skel.h"
+#include "inject/injector.h"
 #include "inject/session.h"
 #include "metrics/exporter.h"
 
@@ -31,6 +32,7 @@ namespace memtrace::loader {
 // Find pid's allocator and attach its probes. required: a failure is an
 // error for the user (-p); otherwise it is counted (a process started later).
 Result<void> Tracer::attach_process(pid_t pid, bool required, Snapshot* given) {
+  inject::release_late_threads();  // a thread an earlier restore's stop found in D state, stopped since
   Snapshot own(pid, &maps_reads_);
   Snapshot& snap = given ? *given : own;
   Proc& p = procs_[pid];

@@ -319,8 +319,9 @@ void end_child(pid_t pid) {
 // A thread that does not stop (state D: waiting in vfork) fails the stop
 // after the limit, naming it, with nothing run and every other thread let
 // go: the waitpid with no limit kept them stopped and the tool's event
-// loop blocked for as long as it stayed there. It is let go when its stop
-// comes (here at the next call, which stops it and lets it go again).
+// loop blocked for as long as it stayed there. It is let go once its stop
+// has come (inject::release_late_threads, or the next stop); the next stop
+// succeeds.
 TEST(InjectBusy, AThreadThatDoesNotStopFailsTheStopInTime) {
   MEMTRACE_REQUIRE_ROOT();
   pid_t pid = fork_in_vfork(1500);
@@ -342,8 +343,12 @@ TEST(InjectBusy, AThreadThatDoesNotStopFailsTheStopInTime) {
             std::string::npos)
       << r.error().message;
   EXPECT_LT(ms, 1000);
-  // Its interrupt stop once the vfork child has ended; then the next call.
+  // Its interrupt stop once the vfork child has ended: let go then.
   ASSERT_TRUE(wait_state(pid, 't')) << state_of(pid, pid);
+  EXPECT_EQ(traced_threads(pid), 1);
+  inject::release_late_threads();
+  EXPECT_EQ(traced_threads(pid), 0);
+  EXPECT_TRUE(wait_state(pid, 'S')) << state_of(pid, pid);
   r = inject::with_threads_stopped(pid, nullptr, fn);
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(ran, 1);
