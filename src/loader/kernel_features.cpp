@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -81,15 +82,17 @@ constexpr const char* kFexitTargets[] = {MT_SYS_PREFIX "mmap", MT_SYS_PREFIX "mu
 // ftrace: Add direct call support": before it the attach fails with
 // ENOTSUPP). The attach is the only reliable test; it lasts a few
 // milliseconds.
-bool probe_fexit(const btf* vmlinux) {
+bool probe_fexit(const btf* vmlinux, const std::string& release) {
 #if defined(__aarch64__)
-  // Not on arm64 yet: Debian's arm64 6.1 has no direct calls (the trial
-  // attach fails, as it must), and afterwards the tool's own new tasks
-  // crashed at address 0 at the end of -p, -c and system-wide runs under
-  // qemu (the guest's bpf.* tests); not understood (docs/kernels.md). 6.12
-  // would have them: untried.
-  (void)vmlinux;
-  return false;
+  // arm64: only with ftrace direct calls (6.4). On Debian's arm64 6.1 the
+  // trial attach failed, as it must there, and afterwards the tool's own new
+  // tasks crashed at address 0 at the end of -p, -c and system-wide runs
+  // under qemu (the guest's bpf.* tests; not understood, docs/kernels.md):
+  // not even tried before 6.4.
+  int major = 0, minor = 0;
+  if (sscanf(release.c_str(), "%d.%d", &major, &minor) != 2 || major < 6 || (major == 6 && minor < 4)) return false;
+#else
+  (void)release;
 #endif
   for (const char* f : kFexitTargets)
     if (btf__find_by_name_kind(vmlinux, f, BTF_KIND_FUNC) <= 0) return false;
@@ -166,7 +169,7 @@ KernelFeatures probe_kernel() {
     k.page_fault_tp = tp_args(vmlinux, "page_fault_user") >= 3;
 #endif
     k.uprobe_multi = enum_has(vmlinux, "bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
-    if (k.bpf) k.syscall_fexit = probe_fexit(vmlinux);
+    if (k.bpf) k.syscall_fexit = probe_fexit(vmlinux, k.release);
     btf__free(vmlinux);
   }
   if (k.bpf) {

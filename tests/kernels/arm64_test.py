@@ -1380,7 +1380,16 @@ def cmd_test(a):
     rows = []
     rc, body = sec.get("Check", (None, ""))
     ok = rc == 0 and "memtrace-bpf can run on this kernel" in body
-    rows.append(("Check", ok, "" if ok else body.strip()[-2000:]))
+    why = "" if ok else body.strip()[-2000:]
+    # From 6.4 on (ftrace direct calls: BPF trampolines on kernel functions)
+    # the mmap family and the fork child are on fexit, before it on the
+    # syscall tracepoints.
+    kv = re.search(r"^kernel\s+(\d+)\.(\d+)", body, re.M)
+    if ok and kv:
+        fexit = (int(kv.group(1)), int(kv.group(2))) >= (6, 4)
+        if ("ok       system calls: fexit" if fexit else "fallback system calls:") not in body:
+            ok, why = False, f"system calls not on {'fexit' if fexit else 'the tracepoints'}: " + body.strip()[-2000:]
+    rows.append(("Check", ok, why))
     for prefix, comm in (("static.Launch.", "alloc_rounds_st"), ("dyn.Launch.", "alloc_rounds")):
         ok, why = kt.launch_counts(sec, prefix, comm)
         if not ok:
