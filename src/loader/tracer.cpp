@@ -21,6 +21,7 @@
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
 #include "memtrace_bpf_compat.skel.h"
+#include "inject/injector.h"
 #include "inject/session.h"
 #include "metrics/exporter.h"
 
@@ -752,6 +753,9 @@ int Tracer::run() {
       break;
     }
     retire_exited();
+    // A thread a restore's stop found in D state (inject::StopLimits): it
+    // stops once it leaves that state, and only this thread may let it go.
+    inject::release_late_threads();
     // Images that ended are sealed in steps between drains: 10 ms a turn,
     // more when they queue up (a build's compilers end one after another).
     if (model_.sealing()) model_.seal_some(std::chrono::milliseconds(10 * std::min<size_t>(model_.sealing(), 8)));
