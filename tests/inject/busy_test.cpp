@@ -255,7 +255,20 @@ pid_t fork_in_vfork(int ms) {
   return pid;
 }
 
-// A child of this test with n threads besides its main one, all in pause().
+// The threads of pid.
+std::vector<pid_t> tasks_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(dir.c_str())) {
+    while (auto* e = readdir(d))
+      if (e->d_name[0] >= '0' && e->d_name[0] <= '9') out.push_back(atoi(e->d_name));
+    closedir(d);
+  }
+  return out;
+}
+
+// A child with n threads besides its main one, all in pause(); its pid once
+// all n + 1 run (-1 if they did not within 5 s).
 pid_t fork_with_threads(int n) {
   pid_t pid = fork();
   if (pid == 0) {
@@ -267,18 +280,9 @@ pid_t fork_with_threads(int n) {
     }
     for (;;) pause();
   }
-  return pid;
-}
-
-std::vector<pid_t> tasks_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  if (DIR* d = opendir(dir.c_str())) {
-    while (auto* e = readdir(d))
-      if (e->d_name[0] >= '0' && e->d_name[0] <= '9') out.push_back(atoi(e->d_name));
-    closedir(d);
-  }
-  return out;
+  for (int i = 0; i < 5000 && tasks_of(pid).size() < static_cast<size_t>(n + 1); i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return tasks_of(pid).size() == static_cast<size_t>(n + 1) ? pid : -1;
 }
 
 char state_of(pid_t pid, pid_t tid) {
@@ -366,8 +370,6 @@ TEST(InjectBusy, StopFailsWhenTheLastListingStillFindsNewThreads) {
   MEMTRACE_REQUIRE_ROOT();
   pid_t pid = fork_with_threads(2);
   ASSERT_GT(pid, 0);
-  for (int i = 0; i < 5000 && tasks_of(pid).size() < 3; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_EQ(tasks_of(pid).size(), 3u);
   int ran = 0;
   size_t seen = 0;
   auto fn = [&](const std::vector<pid_t>& tids) -> Result<void> {
@@ -397,8 +399,6 @@ TEST(InjectBusy, SignalsDuringTheStopLeaveNoThreadStopped) {
   MEMTRACE_REQUIRE_ROOT();
   pid_t pid = fork_with_threads(8);
   ASSERT_GT(pid, 0);
-  for (int i = 0; i < 5000 && tasks_of(pid).size() < 9; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_EQ(tasks_of(pid).size(), 9u);
   struct sigaction sa {}, old {};
   sa.sa_handler = [](int) {};
   sa.sa_flags = 0;  // no SA_RESTART
