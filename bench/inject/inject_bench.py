@@ -5,7 +5,9 @@ allocator stress); medians and ratios (issue 21, docs/inject.md).
 
   sudo bench/inject/inject_bench.py [--repeat 5] [--build build]
        [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp,inject-got,inject-entry]
-       [--mt-threads 4] [--mt-rounds 1000000]
+       [--mt-threads 4] [--mt-rounds 1000000] [--redis-requests 100000]
+  sudo bench/inject/inject_bench.py --workloads REDIS --modes untraced,bpf,inject,heaptrack
+  sudo bench/inject/inject_bench.py --workloads W1@jemalloc,W3@tcmalloc,MT@mimalloc --modes heaptrack,inject
 
 Every run starts the target, which waits before its work (W1 and MT read a
 line from stdin, sqlite3 waits for its commands on stdin); the tool (bpf:
@@ -23,6 +25,19 @@ launches its target (LD_PRELOAD) and starts it at once. Figures:
             (heaptrack: its script's exit, interpretation done)
   waits     --inject: inject_full_waits of the report (50 us naps of the
             target's threads on a full ring: the tool's drain was behind)
+
+Preloaded allocators (issue 33): a workload named W1@jemalloc, W3@tcmalloc,
+MT@mimalloc runs with LD_PRELOAD of Debian's libjemalloc.so.2,
+libtcmalloc_minimal.so.4 or libmimalloc.so.2 in every mode (heaptrack's
+preload goes before it and calls it).
+
+REDIS (issue 33): Debian's redis-server (libjemalloc) on a loopback port,
+no persistence; the tool attaches with -p (heaptrack too: `heaptrack -p`,
+through gdb), then `redis-benchmark -h 127.0.0.1 -c 20 -n N -t set,get,lpush`
+(--redis-requests N each); its requests/s per test, their mean as the
+workload figure (ops/s, higher is better; "x" is then the fraction of
+untraced throughput kept). After the tool ends (SIGINT) redis must answer
+PING; its report must count allocations under zmalloc.
 
 An --inject attach that is refused (the tool's one line "... traced with
 uprobes instead") is printed as it happens and counted per workload at the
@@ -87,6 +102,93 @@ def workloads(tmp, threads, rounds):
     }
 
 
+PRELOAD = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+           "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+           "mimalloc": "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"}
+
+
+def redis_ping(port):
+    r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), "PING"], capture_output=True, text=True)
+    return r.stdout.strip() == "PONG"
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_redis(mode, tool, tmp, requests):
+    """ops/s of redis-benchmark against redis-server under mode; (ops, ops, done, waits)."""
+    port = free_port()
+    srv = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--daemonize", "no"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    for _ in range(500):
+        if redis_ping(port):
+            break
+        time.sleep(0.01)
+    else:
+        srv.kill()
+        raise RuntimeError("redis-server did not answer")
+    tool_p = None
+    rep = os.path.join(tmp, "r.json")
+    if os.path.exists(rep):
+        os.unlink(rep)
+    if mode == "heaptrack":
+        tool_p = subprocess.Popen(["heaptrack", "-o", os.path.join(tmp, "htr"), "-p", str(srv.pid)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(3)  # gdb's attach; heaptrack says nothing when it is in
+    elif mode != "untraced":
+        tool_p = subprocess.Popen(tool_argv(tool, mode, srv.pid, rep), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, env=dict(os.environ, **TOOL_ENV.get(mode, {})))
+        while True:
+            line = tool_p.stderr.readline()
+            if not line:
+                srv.kill()
+                raise RuntimeError("%s: the tool ended before tracing" % mode)
+            if "uprobes instead" in line:
+                print("  %s: not injected: %s" % (mode, line.strip()), file=sys.stderr, flush=True)
+                REFUSED[("REDIS", mode)] = REFUSED.get(("REDIS", mode), 0) + 1
+            if "tracing" in line:
+                break
+    t0 = time.monotonic()
+    b = subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "20", "-n", str(requests),
+                        "-t", "set,get,lpush", "-q"], capture_output=True, text=True)
+    rates = [float(x) for x in re.findall(r"([0-9.]+) requests per second", b.stdout)]
+    if len(rates) != 3:
+        srv.kill()
+        raise RuntimeError("redis-benchmark: %s %s" % (b.stdout[-1000:], b.stderr[-1000:]))
+    ops = statistics.mean(rates)
+    waits = 0
+    if tool_p:
+        tool_p.send_signal(2)
+        _, merr = tool_p.communicate()
+        if mode != "heaptrack":
+            if tool_p.returncode != 0:
+                raise RuntimeError("%s: tool exited %d: %s" % (mode, tool_p.returncode, merr[-2000:]))
+            with open(rep) as f:
+                d = json.load(f)
+            waits = d.get("stats", {}).get("inject_full_waits", 0)
+            p = [x for x in d.get("processes", []) if x.get("pid") == srv.pid]
+            zm = 0
+            for site in (p[0].get("top_sites", []) + p[0].get("leaks", [])) if p else []:
+                if any(f.get("function", "").startswith(("zmalloc", "ztrymalloc")) for f in site.get("stack", [])):
+                    zm += 1
+            print("  %s: redis allocs %s, %d sites under zmalloc" % (mode, p[0].get("allocs") if p else "?", zm),
+                  file=sys.stderr, flush=True)
+    done = time.monotonic() - t0
+    ok = redis_ping(port)
+    srv.terminate()
+    srv.wait()
+    if not ok:
+        raise RuntimeError("%s: redis did not answer PING after the tool" % mode)
+    return ops, ops, done, waits
+
+
 def tool_argv(tool, mode, pid, rep):
     base = [tool, "-p", str(pid), "--format", "json", "-o", rep]
     if mode == "bpf":
@@ -115,8 +217,9 @@ def run_once(w, mode, tool, tmp):
     argv = list(w["argv"])
     if mode == "heaptrack":
         argv = ["heaptrack", "-o", os.path.join(tmp, "ht")] + argv
+    env = dict(ENV, LD_PRELOAD=w["preload"]) if w.get("preload") else ENV
     target = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=ENV, bufsize=1)
+                              text=True, env=env, bufsize=1)
     sqlite = "sql" in w
     if sqlite:
         pid = child_named(target.pid, w["comm"]) if mode == "heaptrack" else target.pid
@@ -194,6 +297,7 @@ def main():
     ap.add_argument("--modes", default="untraced,heaptrack,bpf,inject")
     ap.add_argument("--mt-threads", type=int, default=4)
     ap.add_argument("--mt-rounds", type=int, default=1000000)
+    ap.add_argument("--redis-requests", type=int, default=100000)
     a = ap.parse_args()
     tool = os.path.join(a.build, "src/loader/memtrace-bpf")
     modes = a.modes.split(",")
@@ -201,12 +305,19 @@ def main():
     res = {(w, m): [] for w in wls for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         W = workloads(tmp, a.mt_threads, a.mt_rounds)
+        for name in wls:
+            if "@" in name:
+                base, lib = name.split("@")
+                W[name] = dict(W[base], preload=PRELOAD[lib], what=W[base]["what"] + ", LD_PRELOAD=" + PRELOAD[lib])
+            if name == "REDIS":
+                W[name] = {"what": "redis-server (libjemalloc), redis-benchmark -c 20 -n %d -t set,get,lpush: "
+                                   "requests/s (mean of the three tests; higher is better)" % a.redis_requests}
         for name, w in W.items():
             w["name"] = name
         for r in range(a.repeat):
             for w in wls:
                 for m in modes:
-                    v = run_once(W[w], m, tool, tmp)
+                    v = run_redis(m, tool, tmp, a.redis_requests) if w == "REDIS" else run_once(W[w], m, tool, tmp)
                     res[(w, m)].append(v)
                     print("round %d %-3s %-10s workload %7.3f s  cpu %7.3f s  done %7.3f s  waits %d" %
                           ((r, w, m) + v), file=sys.stderr, flush=True)

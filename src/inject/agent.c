@@ -507,6 +507,70 @@ NEW_HOOK(new_arr_al)
 NEW_NT_HOOK(new_al_nt)
 NEW_NT_HOOK(new_arr_al_nt)
 
+/* ---- the allocator's other entries (ring.h: fns, a non-glibc allocator):
+ * C++ operator new/delete of jemalloc, tcmalloc, mimalloc (sized and
+ * aligned deletes, nothrow news), jemalloc's mallocx/rallocx/sdallocx/
+ * dallocx, and the prefixed malloc family's second names. One hook per
+ * given function (a slot): it passes the four argument registers through
+ * (every one of them takes at most four integer arguments) and records by
+ * its role: malloc-like (the size first: new, aligned new, mallocx),
+ * realloc-like (ptr, size: rallocx), free-like (the pointer first: delete,
+ * sized delete, sdallocx, dallocx). The outermost hook records: an entry
+ * reached from inside another (jemalloc's delete jumps to free, rallocx to
+ * realloc) calls straight through (t_in_hook). A C++ exception (operator
+ * new's bad_alloc) goes through the slot's frame: the cleanup clears the
+ * flag (-fexceptions). */
+typedef uint64_t (*fn4_t)(uint64_t, uint64_t, uint64_t, uint64_t);
+static void* g_slot_real[MT_INJ_FN_MAX];
+static uint32_t g_slot_role[MT_INJ_FN_MAX];
+
+static void hook_unwound(int* on) {
+  if (*on) leave();
+}
+
+static __attribute__((always_inline)) inline uint64_t slot_call(uint32_t n, uint64_t a, uint64_t b, uint64_t c,
+                                                                uint64_t d, void* ret, uintptr_t bp) {
+  fn4_t f = (fn4_t)__atomic_load_n(&g_slot_real[n], __ATOMIC_ACQUIRE);
+  uint32_t role = g_slot_role[n];
+  if (role == MT_ROLE_FREE) {
+    if (!a || !enter()) return f(a, b, c, d);
+    emit(MT_EV_FREE, 0, a, 0, 0, 0, MT_ROLE_FREE);
+    int on __attribute__((cleanup(hook_unwound))) = 1;
+    return f(a, b, c, d);
+  }
+  if (!enter()) return f(a, b, c, d);
+  int on __attribute__((cleanup(hook_unwound))) = 1;
+  uint32_t flags = 0;
+  uint64_t sid = take_stack(ret, bp, &flags);
+  if (role == MT_ROLE_REALLOC) {
+    if (a) emit(MT_EV_FREE, flags, a, 0, 0, sid, role);
+    uint64_t p = f(a, b, c, d);
+    realloc_record((void*)(uintptr_t)a, (void*)(uintptr_t)p, b, flags, sid, role);
+    return p;
+  }
+  uint64_t p = f(a, b, c, d);
+  emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, p, a, 0, sid, role);
+  return p;
+}
+
+#define SLOT(n)                                                                                \
+  static __attribute__((noinline)) uint64_t slot_##n(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { \
+    return slot_call(n, a, b, c, d, RET, BP);                                                  \
+  }
+SLOT(0) SLOT(1) SLOT(2) SLOT(3) SLOT(4) SLOT(5) SLOT(6) SLOT(7)
+SLOT(8) SLOT(9) SLOT(10) SLOT(11) SLOT(12) SLOT(13) SLOT(14) SLOT(15)
+SLOT(16) SLOT(17) SLOT(18) SLOT(19) SLOT(20) SLOT(21) SLOT(22) SLOT(23)
+SLOT(24) SLOT(25) SLOT(26) SLOT(27) SLOT(28) SLOT(29) SLOT(30) SLOT(31)
+SLOT(32) SLOT(33) SLOT(34) SLOT(35) SLOT(36) SLOT(37) SLOT(38) SLOT(39)
+_Static_assert(MT_INJ_FN_MAX == 40, "one slot hook per given function");
+static void* const g_slot_hooks[MT_INJ_FN_MAX] = {
+    (void*)slot_0, (void*)slot_1, (void*)slot_2, (void*)slot_3, (void*)slot_4, (void*)slot_5, (void*)slot_6, (void*)slot_7,
+    (void*)slot_8, (void*)slot_9, (void*)slot_10, (void*)slot_11, (void*)slot_12, (void*)slot_13, (void*)slot_14, (void*)slot_15,
+    (void*)slot_16, (void*)slot_17, (void*)slot_18, (void*)slot_19, (void*)slot_20, (void*)slot_21, (void*)slot_22, (void*)slot_23,
+    (void*)slot_24, (void*)slot_25, (void*)slot_26, (void*)slot_27, (void*)slot_28, (void*)slot_29, (void*)slot_30, (void*)slot_31,
+    (void*)slot_32, (void*)slot_33, (void*)slot_34, (void*)slot_35, (void*)slot_36, (void*)slot_37, (void*)slot_38, (void*)slot_39,
+};
+
 static void rewrite_all(void);
 
 /* Objects a dlopen brings get their slots rewritten too. */
@@ -541,7 +605,56 @@ static const struct hook g_hooks[] = {
     {"_ZnamSt11align_val_tRKSt9nothrow_t", (void*)hook_new_arr_al_nt},
 };
 
+/* The loader's list of the allocator's functions (ring.h fns), copied at
+ * the first attach: g_fn_count 0 when the allocator is glibc's. */
+static uint32_t g_fn_count;
+static char g_fn_name[MT_INJ_FN_MAX][48];
+static uint32_t g_fn_role[MT_INJ_FN_MAX]; /* with MT_INJ_FN_PRIMARY */
+static int g_fn_plain; /* the allocator's malloc is named "malloc": libstdc++'s aligned new calls it */
+
+static void** real_of_role(uint32_t role) {
+  switch (role) {
+    case MT_ROLE_MALLOC: return (void**)&real.malloc;
+    case MT_ROLE_CALLOC: return (void**)&real.calloc;
+    case MT_ROLE_REALLOC: return (void**)&real.realloc;
+    case MT_ROLE_REALLOCARRAY: return (void**)&real.reallocarray;
+    case MT_ROLE_FREE: return (void**)&real.free;
+    case MT_ROLE_POSIX_MEMALIGN: return (void**)&real.posix_memalign;
+    case MT_ROLE_ALIGNED_ALLOC: return (void**)&real.aligned_alloc;
+    case MT_ROLE_MEMALIGN: return (void**)&real.memalign;
+    case MT_ROLE_VALLOC: return (void**)&real.valloc;
+    case MT_ROLE_PVALLOC: return (void**)&real.pvalloc;
+    default: return NULL;
+  }
+}
+
+static const void* named_hook_of_role(uint32_t role) {
+  static const char* const names[] = {"malloc",         "calloc",        "realloc",  "reallocarray", "free",
+                                      "posix_memalign", "aligned_alloc", "memalign", "valloc",       "pvalloc"};
+  if (role >= sizeof names / sizeof names[0]) return NULL;
+  for (size_t i = 0; i < sizeof g_hooks / sizeof g_hooks[0]; i++)
+    if (strcmp(names[role], g_hooks[i].name) == 0) return g_hooks[i].fn;
+  return NULL;
+}
+
 static const void* hook_for(const char* name) {
+  if (g_fn_count) {
+    /* A given allocator: its functions by their exact names (je_malloc
+     * when prefixed: the plain names are libc's then, left alone). */
+    for (uint32_t i = 0; i < g_fn_count; i++) {
+      if (strcmp(name, g_fn_name[i]) != 0) continue;
+      if (g_fn_role[i] & MT_INJ_FN_PRIMARY) {
+        void** r = real_of_role(g_fn_role[i] & 0xff);
+        return r && *r ? named_hook_of_role(g_fn_role[i] & 0xff) : NULL;
+      }
+      return g_slot_real[i] ? g_slot_hooks[i] : NULL;
+    }
+    if (strcmp(name, "dlopen") == 0) return (const void*)hook_dlopen;
+    /* libstdc++'s aligned operator new, which calls the allocator's
+     * aligned_alloc by its plain name (not when the allocator defines its
+     * own: found above). */
+    if (!g_fn_plain || name[0] != '_') return NULL;
+  }
   for (size_t i = 0; i < sizeof g_hooks / sizeof g_hooks[0]; i++)
     if (strcmp(name, g_hooks[i].name) == 0) {
       /* operator new's hooks only once the C++ runtime is there to call. */
@@ -692,9 +805,10 @@ struct entry {
   void** real;     /* &real.X: the loader stores the stub there */
   void* hook;
   void* fn;        /* libc's function, as first resolved (real.X becomes the stub) */
-  uint8_t orig[16]; /* the loader's: the bytes its jmp replaced, */
+  uint8_t orig[32]; /* the loader's: the bytes its jmp replaced, */
   uint8_t orig_len; /* how many (0: not patched), */
-  uint8_t patched[16]; /* and those bytes as it left them (its jmp in them) */
+  uint8_t patched[32]; /* and those bytes as it left them (its jmp in them) */
+  uint32_t role;       /* enum mt_role of its hook */
 };
 static struct entry g_entries[MT_INJ_ENTRY_MAX];
 static uint32_t g_entry_count;
@@ -719,7 +833,7 @@ static void* tramp_near(uintptr_t near) {
   return NULL;
 }
 
-static void add_entry(const char* name, void** realp, void* hook) {
+static void add_entry(const char* name, void** realp, void* hook, uint32_t role) {
   if (!*realp || g_entry_count >= MT_INJ_ENTRY_MAX) return;
   for (uint32_t i = 0; i < g_entry_count; i++)
     if (g_entries[i].real == realp) return;
@@ -728,25 +842,39 @@ static void add_entry(const char* name, void** realp, void* hook) {
   e->real = realp;
   e->hook = hook;
   e->fn = *realp;
+  e->role = role;
+}
+
+/* A given allocator's name for a role (je_malloc), else the role's. */
+static const char* given_name(uint32_t role, const char* plain) {
+  for (uint32_t i = 0; i < g_fn_count; i++)
+    if ((g_fn_role[i] & MT_INJ_FN_PRIMARY) && (g_fn_role[i] & 0xff) == role) return g_fn_name[i];
+  return plain;
 }
 
 /* The entries for the loader to patch (those it patched before keep their
  * stub: never patched twice). */
 static void list_entries(struct mt_inj_hdr* r) {
-  add_entry("malloc", (void**)&real.malloc, (void*)hook_malloc);
-  add_entry("free", (void**)&real.free, (void*)hook_free);
-  add_entry("calloc", (void**)&real.calloc, (void*)hook_calloc);
-  add_entry("realloc", (void**)&real.realloc, (void*)hook_realloc);
-  add_entry("reallocarray", (void**)&real.reallocarray, (void*)hook_reallocarray);
-  add_entry("posix_memalign", (void**)&real.posix_memalign, (void*)hook_posix_memalign);
-  add_entry("aligned_alloc", (void**)&real.aligned_alloc, (void*)hook_aligned_alloc);
-  add_entry("memalign", (void**)&real.memalign, (void*)hook_memalign);
-  add_entry("valloc", (void**)&real.valloc, (void*)hook_valloc);
-  add_entry("pvalloc", (void**)&real.pvalloc, (void*)hook_pvalloc);
-  add_entry("_ZnwmSt11align_val_t", (void**)&real.new_al, (void*)hook_new_al);
-  add_entry("_ZnamSt11align_val_t", (void**)&real.new_arr_al, (void*)hook_new_arr_al);
-  add_entry("_ZnwmSt11align_val_tRKSt9nothrow_t", (void**)&real.new_al_nt, (void*)hook_new_al_nt);
-  add_entry("_ZnamSt11align_val_tRKSt9nothrow_t", (void**)&real.new_arr_al_nt, (void*)hook_new_arr_al_nt);
+  add_entry(given_name(MT_ROLE_MALLOC, "malloc"), (void**)&real.malloc, (void*)hook_malloc, MT_ROLE_MALLOC);
+  add_entry(given_name(MT_ROLE_FREE, "free"), (void**)&real.free, (void*)hook_free, MT_ROLE_FREE);
+  add_entry(given_name(MT_ROLE_CALLOC, "calloc"), (void**)&real.calloc, (void*)hook_calloc, MT_ROLE_CALLOC);
+  add_entry(given_name(MT_ROLE_REALLOC, "realloc"), (void**)&real.realloc, (void*)hook_realloc, MT_ROLE_REALLOC);
+  add_entry(given_name(MT_ROLE_REALLOCARRAY, "reallocarray"), (void**)&real.reallocarray, (void*)hook_reallocarray,
+            MT_ROLE_REALLOCARRAY);
+  add_entry(given_name(MT_ROLE_POSIX_MEMALIGN, "posix_memalign"), (void**)&real.posix_memalign,
+            (void*)hook_posix_memalign, MT_ROLE_POSIX_MEMALIGN);
+  add_entry(given_name(MT_ROLE_ALIGNED_ALLOC, "aligned_alloc"), (void**)&real.aligned_alloc, (void*)hook_aligned_alloc,
+            MT_ROLE_ALIGNED_ALLOC);
+  add_entry(given_name(MT_ROLE_MEMALIGN, "memalign"), (void**)&real.memalign, (void*)hook_memalign, MT_ROLE_MEMALIGN);
+  add_entry(given_name(MT_ROLE_VALLOC, "valloc"), (void**)&real.valloc, (void*)hook_valloc, MT_ROLE_VALLOC);
+  add_entry(given_name(MT_ROLE_PVALLOC, "pvalloc"), (void**)&real.pvalloc, (void*)hook_pvalloc, MT_ROLE_PVALLOC);
+  add_entry("_ZnwmSt11align_val_t", (void**)&real.new_al, (void*)hook_new_al, MT_ROLE_ALIGNED_NEW);
+  add_entry("_ZnamSt11align_val_t", (void**)&real.new_arr_al, (void*)hook_new_arr_al, MT_ROLE_ALIGNED_NEW);
+  add_entry("_ZnwmSt11align_val_tRKSt9nothrow_t", (void**)&real.new_al_nt, (void*)hook_new_al_nt, MT_ROLE_ALIGNED_NEW);
+  add_entry("_ZnamSt11align_val_tRKSt9nothrow_t", (void**)&real.new_arr_al_nt, (void*)hook_new_arr_al_nt,
+            MT_ROLE_ALIGNED_NEW);
+  for (uint32_t i = 0; i < g_fn_count; i++)
+    if (!(g_fn_role[i] & MT_INJ_FN_PRIMARY)) add_entry(g_fn_name[i], &g_slot_real[i], g_slot_hooks[i], g_slot_role[i]);
   if (!g_tramp) g_tramp = tramp_near((uintptr_t)g_entries[0].fn);
   r->tramp = (uintptr_t)g_tramp;
   r->entry_count = g_tramp ? g_entry_count : 0;
@@ -757,10 +885,11 @@ static void list_entries(struct mt_inj_hdr* r) {
     r->entries[i].real_slot = (uintptr_t)e->real;
     r->entries[i].stub = *e->real != e->fn ? (uintptr_t)*e->real : 0;
     r->entries[i].orig_slot = (uintptr_t)e->orig;
-    _Static_assert(offsetof(struct entry, orig_len) == offsetof(struct entry, orig) + 16 &&
-                       offsetof(struct entry, patched) == offsetof(struct entry, orig) + 17,
-                   "orig, orig_len, patched: the 33 bytes the loader writes (ring.h orig_slot)");
+    _Static_assert(offsetof(struct entry, orig_len) == offsetof(struct entry, orig) + 32 &&
+                       offsetof(struct entry, patched) == offsetof(struct entry, orig) + 33,
+                   "orig, orig_len, patched: the 65 bytes the loader writes (ring.h orig_slot)");
     snprintf(r->entries[i].name, sizeof r->entries[i].name, "%s", e->name);
+    r->entries[i].role = e->role;
   }
 }
 
@@ -798,6 +927,33 @@ static void unpatch_in_child(void) {}
 /* ---- setup. */
 
 /* The real functions; NULL if they can be found, else why not. */
+/* The allocator the loader found (ring.h fns): the role functions'
+ * definitions where it says, the others through slots. */
+static const char* resolve_given(const struct mt_inj_hdr* r) {
+  uint32_t n = r->fn_count < MT_INJ_FN_MAX ? r->fn_count : MT_INJ_FN_MAX;
+  for (uint32_t i = 0; i < n; i++) {
+    const struct mt_inj_fn* f = &r->fns[i];
+    memcpy(g_fn_name[i], f->name, sizeof g_fn_name[i]);
+    g_fn_name[i][sizeof g_fn_name[i] - 1] = 0;
+    g_fn_role[i] = f->role;
+    if (!f->addr) continue;
+    uint32_t role = f->role & 0xff;
+    if (f->role & MT_INJ_FN_PRIMARY) {
+      void** rp = real_of_role(role);
+      if (rp && !*rp) *rp = (void*)(uintptr_t)f->addr;
+      if (role == MT_ROLE_MALLOC && strcmp(g_fn_name[i], "malloc") == 0) g_fn_plain = 1;
+    } else {
+      g_slot_role[i] = role == MT_ROLE_FREE ? MT_ROLE_FREE : role == MT_ROLE_REALLOC ? MT_ROLE_REALLOC : MT_ROLE_MALLOC;
+      g_slot_real[i] = (void*)(uintptr_t)f->addr;
+    }
+  }
+  *(void**)&real.dlopen = dlsym(RTLD_NEXT, "dlopen");
+  if (!real.dlopen) return "dlsym(RTLD_NEXT, dlopen) found nothing";
+  if (!real.malloc || !real.free) return "the loader's allocator has no malloc and free";
+  g_fn_count = n;
+  return NULL;
+}
+
 static const char* resolve_real(void) {
 #define REAL(n)                                                   \
   do {                                                            \
@@ -888,7 +1044,7 @@ static int attach_ring(void) {
     static char why[96];
     snprintf(why, sizeof why, "another memtrace-bpf (pid %u) records this process", old->hdr->loader_pid);
     bad = why;
-  } else if (!g_real_ok && (bad = resolve_real()) == NULL) {
+  } else if (!g_real_ok && (bad = r->fn_count ? resolve_given(r) : resolve_real()) == NULL) {
     g_real_ok = 1;
   }
   if (!bad) {

@@ -18,6 +18,7 @@
 
 #include "common/fd.h"
 #include "elf/elf_file.h"
+#include "inject/injector.h"
 
 namespace memtrace::inject {
 namespace {
@@ -36,9 +37,13 @@ bool is_ld_so(const std::string& base) {
 }  // namespace
 
 // Code whose locks the agent's dlopen may need (busy_frames.h).
-Result<BusyCode> busy_code(pid_t pid) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
+Result<BusyCode> busy_code(pid_t pid, const std::vector<procfs::Mapping>* given) {
+  Result<std::vector<procfs::Mapping>> read = std::vector<procfs::Mapping>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return read.error();
+  }
+  const std::vector<procfs::Mapping>* maps = given ? given : &*read;
   BusyCode out;
   const procfs::Mapping* libc = nullptr;
   for (const auto& m : *maps) {
@@ -106,14 +111,20 @@ bool after_call(int mem, uint64_t ra) {
 }
 
 
-Result<std::unique_ptr<BusyFrames>> BusyFrames::open(pid_t pid) {
+Result<std::unique_ptr<BusyFrames>> BusyFrames::open(pid_t pid, const ProcessView* view) {
   std::unique_ptr<BusyFrames> bf(new BusyFrames(pid));
-  auto busy = busy_code(pid);
+  if (view) {
+    bf->maps_ = view->maps;
+  } else {
+    auto maps = procfs::read_maps(pid);
+    if (!maps) return maps.error();
+    bf->maps_ = std::move(*maps);
+  }
+  auto busy = busy_code(pid, &bf->maps_);
   if (!busy) return busy.error();
   bf->busy_ = std::move(*busy);
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
-  bf->maps_ = std::move(*maps);
+  if (view)
+    for (const auto& r : view->busy_extra) bf->busy_.ranges.push_back(r);
   return bf;
 }
 

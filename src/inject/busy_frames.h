@@ -44,11 +44,16 @@ struct BusyCode {
     return false;
   }
 };
-Result<BusyCode> busy_code(pid_t pid);
+// maps: pid's (nullptr: read here).
+Result<BusyCode> busy_code(pid_t pid, const std::vector<procfs::Mapping>* maps = nullptr);
+
+struct ProcessView;
 
 class BusyFrames {
  public:
-  static Result<std::unique_ptr<BusyFrames>> open(pid_t pid);
+  // view: the attach's snapshot of the maps and the allocator's code
+  // besides glibc's (injector.h; nullptr: the maps read here, glibc only).
+  static Result<std::unique_ptr<BusyFrames>> open(pid_t pid, const ProcessView* view = nullptr);
   // The maps read again (threads started since: their stacks).
   void refresh_maps();
   // "" when no live frame of thread tid (ptrace-stopped; mem: its

@@ -412,9 +412,14 @@ namespace {
 // first mapping whose file name matches is_it): the file's symbol placed in
 // the mapping that holds its file offset.
 Result<uint64_t> function_in(pid_t pid, const std::function<bool(const procfs::Mapping&)>& is_it,
-                             const std::string& what, const std::string& name) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
+                             const std::string& what, const std::string& name,
+                             const std::vector<procfs::Mapping>* given = nullptr) {
+  Result<std::vector<procfs::Mapping>> read = std::vector<procfs::Mapping>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return read.error();
+  }
+  const std::vector<procfs::Mapping>* maps = given ? given : &*read;
   const procfs::Mapping* obj = nullptr;
   for (const auto& m : *maps)
     if (m.file() && is_it(m)) {
@@ -434,20 +439,29 @@ Result<uint64_t> function_in(pid_t pid, const std::function<bool(const procfs::M
   return Error::msg(name + " of " + obj->path + " lies in no mapping of pid " + std::to_string(pid));
 }
 
-Result<uint64_t> mapped_function(pid_t pid, const std::string& path, const std::string& name) {
-  return function_in(pid, [&](const procfs::Mapping& m) { return m.path == path; }, path, name);
+Result<uint64_t> mapped_function(pid_t pid, const std::string& path, const std::string& name,
+                                 const std::vector<procfs::Mapping>* maps) {
+  return function_in(pid, [&](const procfs::Mapping& m) { return m.path == path; }, path, name, maps);
 }
 
 }  // namespace
 
-Result<uint64_t> libc_function(pid_t pid, const std::string& name) {
+Result<ProcessView> ProcessView::read(pid_t pid) {
+  auto maps = procfs::read_maps(pid);
+  if (!maps) return maps.error();
+  ProcessView v;
+  v.maps = std::move(*maps);
+  return v;
+}
+
+Result<uint64_t> libc_function(pid_t pid, const std::string& name, const std::vector<procfs::Mapping>* maps) {
   auto r = function_in(
       pid,
       [](const procfs::Mapping& m) {
         std::string b = base_name(m.path);
         return b.rfind("libc.so", 0) == 0 || b.rfind("libc-2", 0) == 0;
       },
-      "libc (a static program?): nothing to call dlopen in", name);
+      "libc (a static program?): nothing to call dlopen in", name, maps);
   if (!r && r.error().message.find(" defines no ") != std::string::npos)
     return Error::msg(r.error().message + " (glibc before 2.34 has it in libdl)");
   return r;
@@ -563,7 +577,7 @@ namespace {
 Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, const std::string* str, uint64_t arg1,
                               LoadStats* stats, int timeout_ms, StoppedProcess* held,
                               const std::function<Result<uint64_t>(StoppedProcess&, pid_t, int, uint64_t)>& post,
-                              const AfterCall& after) {
+                              const AfterCall& after, const ProcessView* view) {
   auto t0 = std::chrono::steady_clock::now();
   Result<uint64_t> out = uint64_t{0};
   {
@@ -582,7 +596,7 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
       own.emplace(pid);
       if (auto r = own->stop_one(pid); !r) return Error{where + ": " + r.error().message, r.error().err};
 #if defined(__x86_64__)
-      auto busy = BusyFrames::open(pid);
+      auto busy = BusyFrames::open(pid, view);
       if (!busy) return Error{where + ": " + busy.error().message, busy.error().err};
       std::string why;
       int tries = 0;
@@ -640,11 +654,18 @@ Result<uint64_t> call_on_main(pid_t pid, const std::string& where, uint64_t fn, 
 }  // namespace
 
 Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats, int timeout_ms,
-                              StoppedProcess* held, const AfterCall& after) {
+                              StoppedProcess* held, const AfterCall& after, const ProcessView* view) {
   std::string where = "dlopen(" + path + ") in pid " + std::to_string(pid);
-  auto dl = libc_function(pid, "dlopen");
+  std::optional<ProcessView> own;
+  if (!view) {
+    auto v = ProcessView::read(pid);
+    if (!v) return Error{where + ": " + v.error().message, v.error().err};
+    own.emplace(std::move(*v));
+    view = &*own;
+  }
+  auto dl = libc_function(pid, "dlopen", &view->maps);
   if (!dl) return Error{where + ": " + dl.error().message, dl.error().err};
-  auto dlerr = libc_function(pid, "dlerror");
+  auto dlerr = libc_function(pid, "dlerror", &view->maps);
   return call_on_main(pid, where, *dl, &path, RTLD_NOW, stats, timeout_ms, held,
                       [&](StoppedProcess& sp, pid_t tid, int mem, uint64_t h) -> Result<uint64_t> {
                         if (h) return h;
@@ -658,28 +679,32 @@ Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* sta
                         }
                         return Error::msg(where + ": " + why);
                       },
-                      after);
+                      after, view);
+}
+
+std::optional<std::string> agent_mapped(const std::vector<procfs::Mapping>& maps) {
+  for (const auto& m : maps)
+    if (m.file() && base_name(m.path).rfind("libmemtrace_agent", 0) == 0) return m.path;
+  return std::nullopt;
 }
 
 std::optional<std::string> agent_mapped(pid_t pid) {
   auto maps = procfs::read_maps(pid);
   if (!maps) return std::nullopt;
-  for (const auto& m : *maps)
-    if (m.file() && base_name(m.path).rfind("libmemtrace_agent", 0) == 0) return m.path;
-  return std::nullopt;
+  return agent_mapped(*maps);
 }
 
 Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* stats, int timeout_ms,
-                              StoppedProcess* held, const AfterCall& after) {
+                              StoppedProcess* held, const AfterCall& after, const ProcessView* view) {
   std::string where = "memtrace_agent_attach of " + mapped + " in pid " + std::to_string(pid);
-  auto fn = mapped_function(pid, mapped, "memtrace_agent_attach");
+  auto fn = mapped_function(pid, mapped, "memtrace_agent_attach", view ? &view->maps : nullptr);
   if (!fn)
     return Error::msg("pid " + std::to_string(pid) + " has " + mapped +
                       " loaded by an earlier --inject, without memtrace_agent_attach (an older build): " +
                       fn.error().message);
   return call_on_main(pid, where, *fn, nullptr, 0, stats, timeout_ms, held,
                       [](StoppedProcess&, pid_t, int, uint64_t r) -> Result<uint64_t> { return r & 0xffffffff; },
-                      after);
+                      after, view);
 }
 
 }  // namespace memtrace::inject

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::inject {
 
@@ -67,6 +68,19 @@ void release_late_threads();
 // caller, hold_at_entry's main thread).
 void release_others(StoppedProcess& held);
 
+// What the attach knows of the process already, handed to every step of
+// it (the agent's load, the deadlock-window check, the entry trampolines)
+// instead of each reading /proc/PID/maps again: one snapshot, taken by the
+// caller before anything is done to the process.
+struct ProcessView {
+  std::vector<procfs::Mapping> maps;  // /proc/PID/maps (procfs::read_maps)
+  // Code besides glibc's whose locks the agent's dlopen may need: a
+  // non-glibc allocator's (jemalloc, tcmalloc, mimalloc: a thread inside
+  // one may hold an arena's lock, and dlopen allocates). [lo, hi).
+  std::vector<std::pair<uint64_t, uint64_t>> busy_extra;
+  static Result<ProcessView> read(pid_t pid);
+};
+
 // Called after a successful call, while its caller is still stopped
 // (load_library, attach_agent).
 using AfterCall = std::function<void(StoppedProcess&)>;
@@ -94,22 +108,26 @@ Result<Held> hold_at_entry(pid_t pid, int timeout_ms = 10000, const std::functio
 // way may leave the target's loader lock taken; said in the error).
 // held: the process is already stopped by hold_at_entry (else every
 // thread is seized here and let go at the end).
+// view: the process's maps as the caller read them (nullptr: read here).
 Result<uint64_t> load_library(pid_t pid, const std::string& path, LoadStats* stats = nullptr,
-                              int timeout_ms = 10000, StoppedProcess* held = nullptr, const AfterCall& after = {});
+                              int timeout_ms = 10000, StoppedProcess* held = nullptr, const AfterCall& after = {},
+                              const ProcessView* view = nullptr);
 
 // The path of libmemtrace_agent.so as pid maps it (an earlier --inject
 // loaded it), or none.
 std::optional<std::string> agent_mapped(pid_t pid);
+std::optional<std::string> agent_mapped(const std::vector<procfs::Mapping>& maps);
 
 // A later --inject into a process that has the agent (agent_mapped): its
 // exported memtrace_agent_attach is called on the main thread, as dlopen
 // would be (the constructor does not run again); what it returned (0:
 // hooked, 1: no ring for the process, 2: refused, the ring says why).
 Result<uint64_t> attach_agent(pid_t pid, const std::string& mapped, LoadStats* stats = nullptr,
-                              int timeout_ms = 10000, StoppedProcess* held = nullptr, const AfterCall& after = {});
+                              int timeout_ms = 10000, StoppedProcess* held = nullptr, const AfterCall& after = {},
+                              const ProcessView* view = nullptr);
 
 // Address of a function of the target's libc (dlopen, dlerror) in pid:
 // the file's symbol placed in the mapping that holds its file offset.
-Result<uint64_t> libc_function(pid_t pid, const std::string& name);
+Result<uint64_t> libc_function(pid_t pid, const std::string& name, const std::vector<procfs::Mapping>* maps = nullptr);
 
 }  // namespace memtrace::inject

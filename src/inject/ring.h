@@ -38,14 +38,14 @@
 #include <stdint.h>
 
 #define MT_INJ_MAGIC 0x314a4e4945544d4dull /* "MMTEINJ1" */
-#define MT_INJ_VERSION 2
+#define MT_INJ_VERSION 3
 #define MT_INJ_PATH_FMT "/dev/shm/memtrace-inject.%d"
-#define MT_INJ_HDR_BYTES 4096 /* the data area starts one page in */
+#define MT_INJ_HDR_BYTES 8192 /* the data area starts two pages in */
 #define MT_INJ_POS_MASK ((1ull << 47) - 1)
 #define MT_INJ_PAD (1ull << 47)
 #define MT_INJ_REC_HDR 8 /* the word in front of every record */
-#define MT_INJ_ENTRY_MAX 16
-#define MT_INJ_TRAMP_BYTES (128 * 1024) /* islands spread over 128 KiB: a jmp's rel32 free of 0xcc bytes (uprobes) */
+#define MT_INJ_ENTRY_MAX 48
+#define MT_INJ_TRAMP_BYTES (256 * 1024) /* islands spread over 256 KiB: a jmp's rel32 free of 0xcc bytes (uprobes) */
 #define MT_INJ_TRAMP_SLOT 64            /* one stub per entry at tramp + i * MT_INJ_TRAMP_SLOT */
 
 /* state: written by the loader. */
@@ -64,6 +64,21 @@ enum mt_inj_agent_state {
 
 /* hook_flags: written by the loader before the agent loads. */
 #define MT_INJ_NO_GOT 1u
+
+/* The program's allocator, as the loader found it (src/probes/allocators.cpp,
+ * the BPF path's detection), when it is not glibc's: jemalloc, tcmalloc,
+ * mimalloc, preloaded or linked in, with their prefixed names (je_malloc)
+ * and their other entries (C++ operator new/delete, sized and aligned
+ * deletes, mallocx/rallocx/sdallocx/dallocx). fn_count 0: glibc's, found by
+ * the agent (dlsym RTLD_NEXT). Written by the loader before the agent loads. */
+#define MT_INJ_FN_MAX 40
+#define MT_INJ_FN_PRIMARY 0x100u /* role: the role's own function (malloc of the allocator, je_malloc) */
+struct mt_inj_fn {
+	uint64_t addr; /* its entry in the target */
+	uint32_t role; /* enum mt_role (malloc-like, calloc, realloc-like, free-like, ...) | MT_INJ_FN_PRIMARY */
+	uint32_t pad;
+	char name[48]; /* its symbol: the GOT relocations naming it are rewritten */
+};
 
 /* stack_mode: written by the loader before the agent loads. */
 enum mt_inj_stack_mode {
@@ -127,7 +142,8 @@ struct mt_inj_hdr {
 	uint64_t stack_table_full; /* stacks sent again and again: the agent's table of sent stacks is full */
 	char agent_error[128];
 	uint64_t fork_child_calls; /* calls a fork's child made before the agent's atfork child handler: not recorded */
-	uint64_t pad0;
+	uint32_t fn_count;     /* loader: allocator functions given (fns); 0: glibc's */
+	uint32_t pad0;
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */
@@ -151,11 +167,14 @@ struct mt_inj_hdr {
 		uint64_t hook;      /* where its entry jumps (agent) */
 		uint64_t real_slot; /* the agent's pointer the hook calls the original through (agent) */
 		uint64_t stub;      /* the stub: 0 until patched; the agent gives an earlier session's (agent, loader) */
-		uint64_t orig_slot; /* 33 bytes of the agent's where the loader leaves the entry's first bytes as the
-		                     * file has them (16), their count (1) and as it patched them (16): a fork's child
+		uint64_t orig_slot; /* 65 bytes of the agent's where the loader leaves the entry's first bytes as the
+		                     * file has them (32), their count (1) and as it patched them (32): a fork's child
 		                     * puts them back (its tracer's uprobes need the original) */
 		char name[32];      /* agent */
+		uint32_t role;      /* agent: enum mt_role of its hook (where the BPF path would probe it) */
+		uint32_t pad;
 	} entries[MT_INJ_ENTRY_MAX];
+	struct mt_inj_fn fns[MT_INJ_FN_MAX]; /* loader: fn_count of them */
 };
 
 #ifdef __cplusplus

@@ -248,13 +248,41 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   std::unique_ptr<Session> s(new Session());
   s->pid_ = pid;
   s->ring_ = std::move(*ring);
+  // The program's allocator, when not glibc's: its functions for the
+  // agent to hook (GOT slots by name, entries by address).
+  std::vector<uint64_t> fns;
+  {
+    mt_inj_hdr* h = s->ring_->mutable_hdr();
+    uint32_t n = 0;
+    for (const auto& f : o.allocator) {
+      if (n == MT_INJ_FN_MAX) {
+        fprintf(stderr, "memtrace-bpf: --inject: pid %d: more than %d allocator functions: %s and those after it not hooked\n",
+                static_cast<int>(pid), MT_INJ_FN_MAX, f.name.c_str());
+        break;
+      }
+      if (f.name.size() >= sizeof h->fns[n].name) continue;
+      h->fns[n].addr = f.addr;
+      h->fns[n].role = f.role | (f.primary ? MT_INJ_FN_PRIMARY : 0u);
+      memcpy(h->fns[n].name, f.name.c_str(), f.name.size() + 1);
+      fns.push_back(f.addr);
+      n++;
+    }
+    h->fn_count = n;
+  }
+  // One snapshot of the maps for every step below.
+  ProcessView view = o.view;
+  if (view.maps.empty()) {
+    auto v = ProcessView::read(pid);
+    if (!v) return v.error();
+    view.maps = std::move(v->maps);
+  }
   // An earlier --inject left the agent in the process (its hooks calling
   // straight through): its attach function maps this ring, as its
   // constructor did the first time.
   // The files the entry trampolines need read now, while the process runs
   // untouched (trampoline.h).
-  EntryFilesPtr files = entries ? prepare_entries(pid) : nullptr;
-  auto mapped = agent_mapped(pid);
+  EntryFilesPtr files = entries ? prepare_entries(pid, &view.maps, fns) : nullptr;
+  auto mapped = agent_mapped(view.maps);
   s->load_.reattached = mapped.has_value();
   // The entries patched while the call's thread is still stopped (the
   // others stopped for it too): it runs on with the hooks and the
@@ -262,10 +290,10 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   std::optional<Result<PatchReport>> patched;
   auto after = [&](StoppedProcess& sp) {
     if (!entries || s->ring_->hdr().agent_state != MT_INJ_AGENT_HOOKED) return;
-    patched = patch_entries(pid, s->ring_->mutable_hdr(), &sp, files.get());
+    patched = patch_entries(pid, s->ring_->mutable_hdr(), &sp, files.get(), &view.maps);
   };
-  auto h = mapped ? attach_agent(pid, *mapped, &s->load_, o.timeout_ms, o.held, after)
-                  : load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held, after);
+  auto h = mapped ? attach_agent(pid, *mapped, &s->load_, o.timeout_ms, o.held, after, &view)
+                  : load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held, after, &view);
   if (!h) return h.error();
   // The constructor ran inside dlopen: the agent has said how it went.
   const volatile mt_inj_hdr& hd = s->ring_->hdr();

@@ -41,6 +41,21 @@ struct SessionOptions {
   StoppedProcess* held = nullptr;            // stopped already (hold_at_entry)
   bool entries = true;                       // patch the allocator's entries (trampoline.h; x86-64)
   bool got = true;                           // rewrite GOT slots
+  // The program's allocator when it is not glibc's (ring.h fns): its
+  // functions as the BPF path's detection found them (src/probes), with
+  // the role each records as; empty: glibc's, found by the agent.
+  struct AllocatorFn {
+    uint64_t addr = 0;
+    uint32_t role = 0;     // enum mt_role
+    bool primary = false;  // the role's own function (malloc, je_malloc), not another entry (new, sdallocx)
+    std::string name;
+  };
+  std::vector<AllocatorFn> allocator;
+  std::string allocator_name;  // "jemalloc in /usr/lib/x86_64-linux-gnu/libjemalloc.so.2", for the log
+  // The process as the caller read it (maps; the allocator's code, busy
+  // for the dlopen call): one snapshot for the whole attach. Empty maps:
+  // read here.
+  ProcessView view;
 };
 
 // The ring, mapped in this process too; the file's name is removed once the

@@ -214,25 +214,35 @@ struct EntryFiles {
 
 void EntryFilesDeleter::operator()(EntryFiles* f) const { delete f; }
 
-EntryFilesPtr prepare_entries(pid_t pid) {
+EntryFilesPtr prepare_entries(pid_t pid, const std::vector<procfs::Mapping>* given, const std::vector<uint64_t>& fns) {
   EntryFilesPtr files(new EntryFiles());
 #if defined(__x86_64__)
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return files;
-  for (const auto& m : *maps) {
+  Result<std::vector<procfs::Mapping>> read = std::vector<procfs::Mapping>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return files;
+  }
+  const auto& maps = given ? *given : *read;
+  for (const auto& m : maps) {
     if (!m.file() || !m.exec()) continue;
     std::string b = m.path.substr(m.path.rfind('/') + 1);
     std::string why;
-    if (b.rfind("libc.so", 0) == 0 || b.rfind("libstdc++.so", 0) == 0) files->get(pid, m.path, &why);
+    bool want = fns.empty() && (b.rfind("libc.so", 0) == 0 || b.rfind("libstdc++.so", 0) == 0);
+    for (uint64_t f : fns) want |= f >= m.start && f < m.end;
+    if (want) files->get(pid, m.path, &why);
   }
 #else
   (void)pid;
+  (void)given;
+  (void)fns;
 #endif
   return files;
 }
 
 #if !defined(__x86_64__)
-Result<PatchReport> patch_entries(pid_t, mt_inj_hdr*, StoppedProcess*, EntryFiles*) { return PatchReport{}; }
+Result<PatchReport> patch_entries(pid_t, mt_inj_hdr*, StoppedProcess*, EntryFiles*, const std::vector<procfs::Mapping>*) {
+  return PatchReport{};
+}
 Result<uint32_t> unpatch_entries(pid_t, mt_inj_hdr*) { return 0u; }
 #else
 namespace {
@@ -249,11 +259,13 @@ struct Plan {
   size_t len = 0;                    // bytes relocated into the stub: [0, len)
   size_t keep = 0;                   // the jmp is at fn + keep: [0, keep) stays as the file has it
   bool thunk = false;                // a jmp to another function among them: nothing to patch here
+  std::vector<uint64_t> probes;      // offsets a uprobe may sit on (the first instruction, the BPF path's)
 };
 
 // The agent's record of a patched entry (orig_slot): its first bytes as
 // the file has them, their count, and as patched.
-constexpr size_t kOrigBytes = 16 + 1 + 16;
+constexpr size_t kOrigMax = 32;
+constexpr size_t kOrigBytes = kOrigMax + 1 + kOrigMax;
 
 std::array<uint8_t, kJmpLen> jmp_of(const Plan& p) {
   std::array<uint8_t, kJmpLen> j{0xe9};
@@ -275,15 +287,18 @@ std::array<uint8_t, kJmpLen> jmp_of(const Plan& p) {
 // another allocator function) leaves the function alone, silently. Anything else is not kept: the
 // function is refused.
 Result<void> keep_probed(const std::vector<uint8_t>& code, uint64_t fn, const elf::ElfFile& elf, const elf::Symbol& sym,
-                         const std::string& name, Plan* p) {
+                         uint32_t role_id, Plan* p, uint64_t upto) {
   thread_local Capstone cs;
   if (!cs.ok) return Error::msg("capstone: cannot open x86-64");
-  probes::Role role = probes::Role::kAlignedNew;
-  for (uint32_t r = 0; r < static_cast<uint32_t>(probes::Role::kCount); r++)
-    if (name == probes::role_name(static_cast<probes::Role>(r))) role = static_cast<probes::Role>(r);
+  probes::Role role = role_id < static_cast<uint32_t>(probes::Role::kCount) ? static_cast<probes::Role>(role_id)
+                                                                            : probes::Role::kAlignedNew;
   probes::Placement pl = probes::place_function(elf, sym, probes::needs_for(role), probes::KernelCaps::running(), false);
   size_t keep = 0;
-  for (uint64_t x : {uint64_t{0}, pl.offset, probes::return_probe_offset(pl)}) {
+  p->probes = {0, pl.offset, probes::return_probe_offset(pl)};
+  for (uint64_t x : p->probes) {
+    // Only those the jmp would cover: one further on runs the file's
+    // instruction there as it would unpatched (the stub jumps back before it).
+    if (x != 0 && x >= upto) continue;
     if (x >= code.size()) return Error::msg("a probe offset +" + hex(x) + " past its code");
     InsnList one;
     one.n = cs_disasm(cs.h, code.data() + x, code.size() - x, fn + x, 1, &one.p);
@@ -301,10 +316,28 @@ Result<void> keep_probed(const std::vector<uint8_t>& code, uint64_t fn, const el
     bool reg_push = i.id == X86_INS_PUSH && x.op_count == 1 && x.operands[0].type == X86_OP_REG;
     // A copy into rax, r10 or r11 (no argument, caller-saved: the hook may
     // find anything there) needs nothing either: reallocarray's mov rax, rsi.
-    bool scratch_mov = i.id == X86_INS_MOV && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
-                       x.operands[1].type != X86_OP_MEM &&
-                       (x.operands[0].reg == X86_REG_RAX || x.operands[0].reg == X86_REG_EAX ||
-                        x.operands[0].reg == X86_REG_R10 || x.operands[0].reg == X86_REG_R11);
+    // Also a load or copy into rcx, r8, r9 (no hook takes a fourth
+    // argument: the slot hooks pass rcx through unread) and xor of one of
+    // them with itself: the stub runs it again from the same inputs.
+    // rdx too where the hook takes no third argument (all but
+    // reallocarray and posix_memalign: the slot hooks pass it on unread).
+    bool rdx_free = role != probes::Role::kReallocarray && role != probes::Role::kPosixMemalign;
+    auto scratch = [&](x86_reg r) {
+      if (rdx_free && (r == X86_REG_RDX || r == X86_REG_EDX)) return true;
+      switch (r) {
+        case X86_REG_RAX: case X86_REG_EAX: case X86_REG_RCX: case X86_REG_ECX: case X86_REG_R8: case X86_REG_R8D:
+        case X86_REG_R9: case X86_REG_R9D: case X86_REG_R10: case X86_REG_R10D: case X86_REG_R11: case X86_REG_R11D:
+          return true;
+        default: return false;
+      }
+    };
+    bool scratch_mov = (i.id == X86_INS_MOV || i.id == X86_INS_LEA) && x.op_count == 2 &&
+                       x.operands[0].type == X86_OP_REG && scratch(x.operands[0].reg) &&
+                       (x.operands[1].type != X86_OP_MEM || i.id == X86_INS_LEA ||
+                        (x.operands[1].mem.base == X86_REG_RIP && x.operands[1].mem.index == X86_REG_INVALID));
+    bool scratch_xor = i.id == X86_INS_XOR && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
+                       x.operands[1].type == X86_OP_REG && x.operands[0].reg == x.operands[1].reg &&
+                       scratch(x.operands[0].reg);
     bool sub_rsp = i.id == X86_INS_SUB && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
                    x.operands[0].reg == X86_REG_RSP && x.operands[1].type == X86_OP_IMM && x.operands[1].imm >= 0 &&
                    x.operands[1].imm < (1 << 20);
@@ -316,7 +349,7 @@ Result<void> keep_probed(const std::vector<uint8_t>& code, uint64_t fn, const el
       // it is.
       p->thunk = true;
       return Error::msg(text(i, fn) + ": goes to another entry first");
-    } else if (scratch_mov) {
+    } else if (scratch_mov || scratch_xor) {
     } else if (sub_rsp) {
       int32_t n = static_cast<int32_t>(x.operands[1].imm);  // lea rsp, [rsp + n]
       for (uint8_t b : {0x48, 0x8d, 0xa4, 0x24}) p->glue.push_back(b);
@@ -344,7 +377,10 @@ Result<void> mem_write(int mem, uint64_t addr, const void* p, size_t n) {
 std::optional<uint64_t> island_for(uint64_t tramp, uint32_t i, uint64_t from) {
   for (uint64_t j = 0; j < 15; j++)
     for (uint64_t k = 0; k < 12; k++) {  // an island: up to 64 bytes
-      uint64_t isl = tramp + 4096 + j * 8192 + i * 256 + k * 16;
+      uint64_t isl = tramp + 4096 + j * 16384 + i * 256 + k * 16;
+      static_assert(MT_INJ_ENTRY_MAX * MT_INJ_TRAMP_SLOT <= 4096 && MT_INJ_ENTRY_MAX * 256 <= 16384 &&
+                        4096 + 14 * 16384 + MT_INJ_ENTRY_MAX * 256 <= MT_INJ_TRAMP_BYTES,
+                    "stubs in the first page, islands of entry i at 4096 + j * 16384 + i * 256");
       int64_t d = static_cast<int64_t>(isl) - static_cast<int64_t>(from + kJmpLen);
       if (!fits32(d)) continue;
       uint32_t u = static_cast<uint32_t>(static_cast<int32_t>(d));
@@ -386,7 +422,8 @@ bool inside(pid_t tid, int mem, const std::vector<Plan>& plans) {
 
 }  // namespace
 
-Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* held, EntryFiles* files) {
+Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* held, EntryFiles* files,
+                                  const std::vector<procfs::Mapping>* given) {
   PatchReport rep;
   uint32_t count = std::min<uint32_t>(__atomic_load_n(&hdr->entry_count, __ATOMIC_ACQUIRE), MT_INJ_ENTRY_MAX);
   uint64_t tramp = hdr->tramp;
@@ -395,8 +432,12 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
     rep.refused.push_back("every entry: the agent found no room for its trampolines near libc");
     return rep;
   }
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return maps.error();
+  Result<std::vector<procfs::Mapping>> read = std::vector<procfs::Mapping>{};
+  if (!given) {
+    read = procfs::read_maps(pid);
+    if (!read) return read.error();
+  }
+  const std::vector<procfs::Mapping>* maps = given ? given : &*read;
   EntryFilesPtr own;
   if (!files) {
     own.reset(new EntryFiles());
@@ -469,13 +510,28 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
     // The object's rel32 branches that land in this entry's first bytes.
     const auto& all = file->targets;
     std::vector<uint64_t> incoming;
-    for (auto it = std::upper_bound(all.begin(), all.end(), sym->vaddr); it != all.end() && *it <= sym->vaddr + 31; ++it)
+    for (auto it = std::upper_bound(all.begin(), all.end(), sym->vaddr); it != all.end() && *it <= sym->vaddr + kOrigMax; ++it)
       incoming.push_back(*it - sym->vaddr);
-    if (auto k = keep_probed(code, e.fn, *elf, *sym, name, &p); !k) {
-      if (!p.thunk) rep.refused.push_back(name + ": " + k.error().message);
-      continue;
+    // The first instruction kept, and every probe offset the jmp and the
+    // bytes relocated with it would cover: until none is.
+    Result<Relocated> rel = Error::msg("not relocated");
+    uint64_t upto = 1;
+    bool kept = true;
+    for (int pass = 0; pass < 8; pass++) {
+      if (auto k = keep_probed(code, e.fn, *elf, *sym, e.role, &p, upto); !k) {
+        if (!p.thunk) rep.refused.push_back(name + ": " + k.error().message);
+        kept = false;
+        break;
+      }
+      rel = relocate_prologue(code, body, e.fn, p.stub, p.keep + kJmpLen, incoming);
+      if (!rel) break;
+      uint64_t end = rel->len;
+      bool covered = false;
+      for (uint64_t x : p.probes) covered |= x >= upto && x < end;
+      if (!covered) break;
+      upto = end;
     }
-    auto rel = relocate_prologue(code, body, e.fn, p.stub, p.keep + kJmpLen, incoming);
+    if (!kept) continue;
     if (!rel) {
       rep.refused.push_back(name + ": " + rel.error().message);
       continue;
@@ -485,8 +541,9 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
                             " bytes, more than a stub's " + std::to_string(MT_INJ_TRAMP_SLOT));
       continue;
     }
-    if (rel->len > 16 || p.glue.size() + 14 > 64) {
-      rep.refused.push_back(name + ": " + std::to_string(rel->len) + " bytes to relocate, more than 16");
+    if (rel->len > kOrigMax || p.glue.size() + 14 > 64) {
+      rep.refused.push_back(name + ": " + std::to_string(rel->len) + " bytes to relocate, more than " +
+                            std::to_string(kOrigMax));
       continue;
     }
     auto isl = island_for(tramp, i, e.fn + p.keep);
@@ -546,9 +603,9 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
           // The replaced bytes, for a fork's child to put back (agent.c).
           uint8_t orig[kOrigBytes] = {0};
           memcpy(orig, p.orig.data(), p.len);
-          orig[16] = static_cast<uint8_t>(p.len);
-          memcpy(orig + 17, p.orig.data(), p.len);
-          memcpy(orig + 17 + p.keep, jmp_of(p).data(), kJmpLen);
+          orig[kOrigMax] = static_cast<uint8_t>(p.len);
+          memcpy(orig + kOrigMax + 1, p.orig.data(), p.len);
+          memcpy(orig + kOrigMax + 1 + p.keep, jmp_of(p).data(), kJmpLen);
           if (p.orig_slot)
             if (auto w = mem_write(mem.get(), p.orig_slot, orig, sizeof orig); !w) return w.error();
           // The kept instructions undone, then jmp [rip+0]; .quad hook.
@@ -606,17 +663,17 @@ Result<uint32_t> unpatch_entries(pid_t pid, mt_inj_hdr* hdr) {
       if (!e.stub) continue;
       uint8_t orig[kOrigBytes] = {0};
       if (pread(mem.get(), orig, sizeof orig, static_cast<off_t>(e.orig_slot)) != static_cast<ssize_t>(sizeof orig)) continue;
-      size_t n = orig[16];
+      size_t n = orig[kOrigMax];
       if (n) {
-        if (n < kJmpLen || n > 16) continue;
-        uint8_t now[16];
+        if (n < kJmpLen || n > kOrigMax) continue;
+        uint8_t now[kOrigMax];
         if (pread(mem.get(), now, n, static_cast<off_t>(e.fn)) != static_cast<ssize_t>(n)) continue;
         // As patched, or as the file has them (put back already: a restore
         // ended between two entries, or another tool's), but for a
         // uprobe's int3 on any byte.
         bool ours = true, original = true;
         for (size_t k = 0; k < n; k++) {
-          ours &= now[k] == orig[17 + k] || now[k] == 0xcc;
+          ours &= now[k] == orig[kOrigMax + 1 + k] || now[k] == 0xcc;
           original &= now[k] == orig[k] || now[k] == 0xcc;
         }
         if (!ours && !original) continue;

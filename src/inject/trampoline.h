@@ -17,6 +17,7 @@
 
 #include "common/result.h"
 #include "inject/ring.h"
+#include "procfs/proc_maps.h"
 
 namespace memtrace::inject {
 
@@ -57,14 +58,20 @@ struct EntryFilesDeleter {
   void operator()(EntryFiles* f) const;
 };
 using EntryFilesPtr = std::unique_ptr<EntryFiles, EntryFilesDeleter>;
-EntryFilesPtr prepare_entries(pid_t pid);
+// maps: pid's (nullptr: read here); fns: more entries whose files are
+// read too (a non-glibc allocator's, ring.h fns).
+EntryFilesPtr prepare_entries(pid_t pid, const std::vector<procfs::Mapping>* maps = nullptr,
+                              const std::vector<uint64_t>& fns = {});
 
 // The agent's entries (hdr, the ring's header as the loader maps it)
 // patched in pid. held: the process is stopped already (hold_at_entry).
 // files: prepare_entries' (else read here). An error only when nothing
 // could be done at all; a function that cannot be patched is named in
 // refused.
-Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* held, EntryFiles* files = nullptr);
+// maps: pid's as the attach read them (the entries' mappings were there
+// before the agent came; nullptr: read here).
+Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* held, EntryFiles* files = nullptr,
+                                  const std::vector<procfs::Mapping>* maps = nullptr);
 
 // The entries patch_entries (of this session or an earlier one) patched,
 // put back as the file has them (a uprobe's int3 kept), every thread

@@ -35,6 +35,7 @@ class Exporter;
 }
 namespace memtrace::inject {
 class Session;
+struct SessionOptions;
 class StoppedProcess;
 }
 
@@ -234,6 +235,7 @@ class Tracer {
   // --inject: one agent session per traced process (src/inject/session.h);
   // a process the agent cannot go into gets one line and the BPF path.
   Result<void> inject_process(pid_t pid, inject::StoppedProcess* held = nullptr);
+  Result<void> inject_allocator(pid_t pid, const std::vector<MapEntry>& maps, inject::SessionOptions* so);
   Result<void> inject_or_attach(pid_t pid, bool given);
   Result<void> inject_at_exec(pid_t pid, Snapshot& snap);
   void wait_stop_landed(pid_t pid);

@@ -278,6 +278,13 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   so.agent = inject::agent_path();
   so.ring_mb = o_.inject_ring_mb;
   so.stack_mode = !o_.stacks ? MT_INJ_STACK_NONE : o_.cfi ? MT_INJ_STACK_LIBUNWIND : MT_INJ_STACK_FP;
+  // One read of its maps for the whole attach (the allocator's detection,
+  // the agent's load, the deadlock-window check, the trampolines).
+  Snapshot snap(pid, &maps_reads_);
+  const auto* maps = snap.maps();
+  if (!maps) return snap.error();
+  so.view.maps = *maps;
+  if (auto r = inject_allocator(pid, *maps, &so); !r) return r.error();
   auto t0 = std::chrono::steady_clock::now();
   auto s = inject::Session::start(pid, so);
   if (!s) return s.error();
@@ -291,6 +298,7 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   // tables are loaded for it.)
   resolver_.capture(pid);
   const auto& h = (*s)->ring().hdr();
+  if (!so.allocator_name.empty()) log("pid " + std::to_string(pid) + ": allocator " + so.allocator_name);
   log("injected " + so.agent + " into pid " + std::to_string(pid) + ": " + std::to_string(h.slots_hooked) +
       " GOT slots in " + std::to_string(h.objects_hooked) + " objects, stacks by " +
       (h.stack_used == MT_INJ_STACK_LIBUNWIND ? "libunwind" : h.stack_used == MT_INJ_STACK_FP ? "frame pointers" : "none") +
@@ -299,6 +307,44 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   // held here while the model catches up (the target waits only past it).
   (*s)->start_copier(o_.inject_ring_mb << 22);
   injected_.push_back(std::move(*s));
+  return {};
+}
+
+// --inject: the program's allocator as the BPF path finds it
+// (Attacher::find_allocator: a non-glibc allocator, preloaded or linked in,
+// before glibc), handed to the agent when it is not glibc's (glibc's the
+// agent finds itself): every function with its role, the role functions
+// first, then the allocator's other entries (C++ new/delete, sized and
+// aligned deletes, mallocx...; probes::Allocator::extras). Its code is
+// busy for the agent's dlopen (a thread inside may hold an arena's lock)
+// when it is a library; an allocator linked into the program (je_malloc
+// in the executable) has its functions' spans busy.
+Result<void> Tracer::inject_allocator(pid_t pid, const std::vector<MapEntry>& maps, inject::SessionOptions* so) {
+  MapEntry where;
+  auto obj = attacher_->find_allocator(pid, maps, &where);
+  if (!obj) return obj.error();
+  if (!*obj || (*obj)->family == "glibc") return {};
+  const AllocatorObject& a = **obj;
+  auto runtime = [&](uint64_t file_offset) -> uint64_t {
+    for (const auto& m : maps)
+      if (m.exec() && m.dev == where.dev && m.inode == where.inode && file_offset >= m.offset &&
+          file_offset < m.offset + (m.end - m.start))
+        return m.start + (file_offset - m.offset);
+    return 0;
+  };
+  auto add = [&](const probes::AllocatorSymbol& sym, bool primary) {
+    uint64_t at = runtime(sym.file_offset);
+    if (!at) return;
+    so->allocator.push_back({at, static_cast<uint32_t>(sym.role), primary, sym.symbol});
+    if (where.path.find(".so") == std::string::npos && sym.size) so->view.busy_extra.push_back({at, at + sym.size});
+  };
+  for (const auto& sym : a.alloc.symbols) add(sym, true);
+  for (const auto& sym : a.alloc.extras) add(sym, false);
+  if (where.path.find(".so") != std::string::npos)
+    for (const auto& m : maps)
+      if (m.exec() && m.dev == where.dev && m.inode == where.inode) so->view.busy_extra.push_back({m.start, m.end});
+  so->allocator_name = a.family + (a.alloc.prefix.empty() ? "" : " (prefix " + a.alloc.prefix + ")") + " in " +
+                       where.path + ", " + std::to_string(so->allocator.size()) + " functions";
   return {};
 }
 

@@ -185,6 +185,33 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
     }
     a.symbols.push_back(std::move(as));
   }
+  if (a.family != Family::kGlibc) {
+    static const char* const kNew[] = {"_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t",
+                                       "_ZnwmSt11align_val_t", "_ZnamSt11align_val_t",
+                                       "_ZnwmSt11align_val_tRKSt9nothrow_t", "_ZnamSt11align_val_tRKSt9nothrow_t"};
+    static const char* const kDelete[] = {"_ZdlPv", "_ZdaPv", "_ZdlPvRKSt9nothrow_t", "_ZdaPvRKSt9nothrow_t",
+                                          "_ZdlPvm", "_ZdaPvm", "_ZdlPvSt11align_val_t", "_ZdaPvSt11align_val_t",
+                                          "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+                                          "_ZdaPvSt11align_val_tRKSt9nothrow_t", "_ZdlPvmSt11align_val_t",
+                                          "_ZdaPvmSt11align_val_t"};
+    auto extra = [&](const std::string& name, Role r) {
+      auto s = probeable(elf, name);
+      if (!s) return;
+      AllocatorSymbol as;
+      as.role = r;
+      as.symbol = s->name;
+      as.vaddr = s->vaddr;
+      as.size = s->size;
+      as.file_offset = s->file_offset;
+      a.extras.push_back(std::move(as));
+    };
+    for (const char* n : kNew) extra(n, Role::kMalloc);
+    for (const char* n : kDelete) extra(n, Role::kFree);
+    extra(a.prefix + "mallocx", Role::kMalloc);
+    extra(a.prefix + "rallocx", Role::kRealloc);
+    extra(a.prefix + "sdallocx", Role::kFree);
+    extra(a.prefix + "dallocx", Role::kFree);
+  }
   return a;
 }
 

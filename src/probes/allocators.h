@@ -60,6 +60,15 @@ struct Allocator {
   Family family = Family::kNone;
   std::string prefix;  // symbol prefix used ("" for plain malloc/free)
   std::vector<AllocatorSymbol> symbols;  // roles found, in Role order
+  // Its other entry points (not glibc's: it has none), each with the role
+  // of what it does: C++ operator new and new[] (plain, nothrow, aligned:
+  // kMalloc, the size first), operator delete and delete[] (plain, sized,
+  // aligned, nothrow: kFree, the pointer first), jemalloc's mallocx
+  // (kMalloc), rallocx (kRealloc), sdallocx and dallocx (kFree), with the
+  // family's prefix. Under a preloaded tcmalloc or mimalloc the program's
+  // new and delete are these, not libstdc++'s (which call malloc and
+  // free). No placement: --inject patches them (src/inject).
+  std::vector<AllocatorSymbol> extras;
   const AllocatorSymbol* find(Role r) const;
 };
 

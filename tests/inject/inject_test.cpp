@@ -304,16 +304,8 @@ TEST(Inject, CliFallsBackUnderSeccomp) {
   cli_falls_back({std::string(TARGET_DIR) + "/inject_target", "2000", "seccomp"}, "runs under seccomp (mode 2)");
 }
 
-// A preloaded allocator (jemalloc): the agent refuses it, its own symbols
-// are probed, exact.
-TEST(Inject, CliFallsBackOnPreloadedAllocator) {
-  MEMTRACE_REQUIRE_ROOT();
-  const char* lib = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
-  if (access(lib, R_OK) != 0) MEMTRACE_SKIP_OR_FAIL(std::string(lib) + " missing (scripts/deps.txt)");
-  cli_falls_back({"/usr/bin/env", std::string("LD_PRELOAD=") + lib, std::string(TARGET_DIR) + "/inject_target", "2000",
-                  "stdin"},
-                 "preloaded allocator");
-}
+// A preloaded allocator (jemalloc, tcmalloc, mimalloc): injected since
+// issue 33, allocators_test.cpp (InjectAllocators.Preloaded*Exact).
 
 // ptrace refused (another tracer has the process; Yama's scope 3 refuses
 // it the same way, and cannot be undone without a reboot to test here).
