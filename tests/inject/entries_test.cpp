@@ -237,9 +237,9 @@ TEST(Inject, EndCountsAnEntryPutBackAlready) {
   ASSERT_EQ(std::string(e0.name), "malloc");
   int mem = open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(mem, 0);
-  uint8_t orig[33] = {0};  // the file's bytes (16), their count, the patched bytes (ring.h orig_slot)
-  ASSERT_EQ(pread(mem, orig, sizeof orig, static_cast<off_t>(e0.orig_slot)), 33);
-  size_t n = orig[16];
+  uint8_t orig[65] = {0};  // the file's bytes (32), their count, the patched bytes (ring.h orig_slot)
+  ASSERT_EQ(pread(mem, orig, sizeof orig, static_cast<off_t>(e0.orig_slot)), 65);
+  size_t n = orig[32];
   ASSERT_GE(n, 5u);
   ASSERT_EQ(pwrite(mem, orig, n, static_cast<off_t>(e0.fn)), static_cast<ssize_t>(n));  // put back by someone else
   auto r = inject::end_in_target(pid, h);
