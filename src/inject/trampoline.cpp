@@ -187,6 +187,57 @@ Result<Relocated> relocate_prologue(const std::vector<uint8_t>& code, size_t bod
   return r;
 }
 
+// Whether a rel32 jmp, call or jcc of elf really branches to target: the
+// object's byte scan (probes::incoming_branch_targets) takes any e8/e9/0f 8x
+// byte with the right displacement for one; each such place inside a
+// function symbol is checked by disassembling that function from its start
+// (an instruction there, and that branch). A place in no function symbol
+// (PLT, stripped code) counts as a branch: conservative.
+bool really_branches_to(const elf::ElfFile& elf, uint64_t target) {
+  thread_local Capstone cs;
+  if (!cs.ok) return true;
+  for (const auto& seg : elf.segments()) {
+    if (!(seg.flags & PF_X) || seg.filesz < 5) continue;
+    std::vector<uint8_t> b = elf.read_vaddr(seg.vaddr, seg.filesz);
+    for (size_t p = 0; p + 5 <= b.size(); p++) {
+      size_t ilen;
+      if (b[p] == 0xe8 || b[p] == 0xe9) ilen = 5;
+      else if (b[p] == 0x0f && p + 6 <= b.size() && b[p + 1] >= 0x80 && b[p + 1] <= 0x8f) ilen = 6;
+      else continue;
+      int32_t rel;
+      memcpy(&rel, &b[p + ilen - 4], 4);
+      uint64_t src = seg.vaddr + p;
+      if (src + ilen + static_cast<int64_t>(rel) != target) continue;
+      const elf::Symbol* f = nullptr;
+      for (const auto& sym : elf.symbols())
+        if ((sym.type == STT_FUNC || sym.type == STT_GNU_IFUNC) && sym.size && src >= sym.vaddr &&
+            src < sym.vaddr + sym.size && sym.size <= (1u << 20)) {
+          f = &sym;
+          break;
+        }
+      if (!f) return true;
+      std::vector<uint8_t> code = elf.read_vaddr(f->vaddr, f->size);
+      uint64_t at = f->vaddr;
+      bool real = false;
+      while (at < src) {
+        InsnList one;
+        one.n = cs_disasm(cs.h, code.data() + (at - f->vaddr), code.size() - (at - f->vaddr), at, 1, &one.p);
+        if (one.n != 1) {
+          real = true;  // undecodable before it: cannot tell
+          break;
+        }
+        at += one.p[0].size;
+      }
+      if (real) return true;
+      if (at != src) continue;  // inside another instruction: not a branch
+      InsnList one;
+      one.n = cs_disasm(cs.h, code.data() + (src - f->vaddr), code.size() - (src - f->vaddr), src, 1, &one.p);
+      if (one.n == 1 && branch_of(one.p[0]).kind && branch_of(one.p[0]).target == target) return true;
+    }
+  }
+  return false;
+}
+
 // One file's: its ELF, every rel32 branch target in its code (sorted).
 struct EntryFiles {
   struct File {
@@ -511,25 +562,39 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
     const auto& all = file->targets;
     std::vector<uint64_t> incoming;
     for (auto it = std::upper_bound(all.begin(), all.end(), sym->vaddr); it != all.end() && *it <= sym->vaddr + kOrigMax; ++it)
-      incoming.push_back(*it - sym->vaddr);
+      if (incoming.empty() || incoming.back() != *it - sym->vaddr) incoming.push_back(*it - sym->vaddr);
     // The first instruction kept, and every probe offset the jmp and the
     // bytes relocated with it would cover: until none is.
     Result<Relocated> rel = Error::msg("not relocated");
-    uint64_t upto = 1;
     bool kept = true;
-    for (int pass = 0; pass < 8; pass++) {
-      if (auto k = keep_probed(code, e.fn, *elf, *sym, e.role, &p, upto); !k) {
-        if (!p.thunk) rep.refused.push_back(name + ": " + k.error().message);
-        kept = false;
-        break;
+    for (int verified = 0; verified < 2; verified++) {
+      if (verified) {
+        // Refused for a branch the byte scan found: only those that are
+        // instructions of their functions (an executable with jemalloc
+        // linked in had a false one into calloc).
+        if (rel || rel.error().message.find("a branch elsewhere in its object") == std::string::npos) break;
+        std::vector<uint64_t> real;
+        for (uint64_t t : incoming)
+          if (really_branches_to(*elf, sym->vaddr + t)) real.push_back(t);
+        if (real.size() == incoming.size()) break;
+        incoming = std::move(real);
       }
-      rel = relocate_prologue(code, body, e.fn, p.stub, p.keep + kJmpLen, incoming);
-      if (!rel) break;
-      uint64_t end = rel->len;
-      bool covered = false;
-      for (uint64_t x : p.probes) covered |= x >= upto && x < end;
-      if (!covered) break;
-      upto = end;
+      uint64_t upto = 1;
+      for (int pass = 0; pass < 8; pass++) {
+        if (auto k = keep_probed(code, e.fn, *elf, *sym, e.role, &p, upto); !k) {
+          if (!p.thunk) rep.refused.push_back(name + ": " + k.error().message);
+          kept = false;
+          break;
+        }
+        rel = relocate_prologue(code, body, e.fn, p.stub, p.keep + kJmpLen, incoming);
+        if (!rel) break;
+        uint64_t end = rel->len;
+        bool covered = false;
+        for (uint64_t x : p.probes) covered |= x >= upto && x < end;
+        if (!covered) break;
+        upto = end;
+      }
+      if (!kept) break;
     }
     if (!kept) continue;
     if (!rel) {

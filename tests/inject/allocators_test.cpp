@@ -94,6 +94,38 @@ void preloaded_exact(const std::string& family) {
 }  // namespace
 
 TEST(InjectAllocators, PreloadedJemallocExact) { preloaded_exact("jemalloc"); }
+
+// jemalloc linked into the executable (libjemalloc_pic.a): the program
+// calls its own malloc family directly (no GOT slot): the entry
+// trampolines see every call; exact, every entry patched.
+TEST(InjectAllocators, LinkedInJemallocExact) {
+  MEMTRACE_REQUIRE_ROOT();
+  std::string target = std::string(TARGET_DIR) + "/inject_target_jemalloc";
+  if (access(target.c_str(), X_OK) != 0) MEMTRACE_SKIP_OR_FAIL(target + " not built (libjemalloc-dev: scripts/deps.txt)");
+  Child t = spawn({target, "2000"});
+  close(t.in);
+  std::string tout;
+  pid_t pid = ready_pid(t, &tout);
+  ASSERT_EQ(pid, t.pid) << tout;
+  std::string rep = tmpfile("linkedje");
+  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "-v", "--inject", "-p", std::to_string(pid)});
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  EXPECT_EQ(merr.find("traced with uprobes instead"), std::string::npos) << merr;
+  EXPECT_EQ(merr.find("entry not patched"), std::string::npos) << merr;
+  EXPECT_NE(merr.find("allocator jemalloc in " + target), std::string::npos) << merr;
+  ASSERT_TRUE(read_until(t.out, "expect", &tout)) << tout;
+  ASSERT_TRUE(read_until(t.out, "\n", &tout)) << tout;
+  EXPECT_EQ(exit_within(t.pid, 30000), 0) << tout;
+  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_proc(j, pid);
+  ASSERT_TRUE(p) << merr;
+  expect_report_exact(*p, parse_expect(tout));
+  expect_nothing_dropped(j);
+}
 TEST(InjectAllocators, PreloadedTcmallocExact) { preloaded_exact("tcmalloc"); }
 TEST(InjectAllocators, PreloadedMimallocExact) { preloaded_exact("mimalloc"); }
 
