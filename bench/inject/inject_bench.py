@@ -4,7 +4,7 @@ one run, on W1 (python3 json), W3 (sqlite3) and MT (a multi-threaded
 allocator stress); medians and ratios (issue 21, docs/inject.md).
 
   sudo bench/inject/inject_bench.py [--repeat 5] [--build build]
-       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp,inject-got,inject-entry]
+       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp,inject-got,inject-entry,inject-before]
        [--mt-threads 4] [--mt-rounds 1000000] [--redis-requests 100000]
   sudo bench/inject/inject_bench.py --workloads REDIS --modes untraced,bpf,inject,heaptrack
   sudo bench/inject/inject_bench.py --workloads W1@jemalloc,W3@tcmalloc,MT@mimalloc --modes heaptrack,inject
@@ -25,6 +25,11 @@ launches its target (LD_PRELOAD) and starts it at once. Figures:
             (heaptrack: its script's exit, interpretation done)
   waits     --inject: inject_full_waits of the report (50 us naps of the
             target's threads on a full ring: the tool's drain was behind)
+  e2e       end to end: from the target's launch to the report written and
+            the tool exited (the user's prompt back); heaptrack: from
+            `heaptrack PROG`'s launch to `heaptrack_print` of its recording
+            done (its analysis, output to /dev/null): what a user waits for
+            a report (issue 33)
 
 Preloaded allocators (issue 33): a workload named W1@jemalloc, W3@tcmalloc,
 MT@mimalloc runs with LD_PRELOAD of Debian's libjemalloc.so.2,
@@ -196,7 +201,7 @@ def run_redis(mode, tool, tmp, requests):
     srv.wait()
     if not ok:
         raise RuntimeError("%s: redis did not answer PING after the tool" % mode)
-    return ops, ops, done, waits
+    return ops, ops, done, waits, float("nan")  # e2e: a server has no end of its own
 
 
 def tool_argv(tool, mode, pid, rep):
@@ -215,7 +220,10 @@ def tool_argv(tool, mode, pid, rep):
 # --inject with one of its two ways in alone (src/inject/session.cpp):
 # inject-got: GOT slots only (no entry trampolines: what --inject was before
 # them); inject-entry: entry trampolines only (no GOT slot rewritten).
-TOOL_ENV = {"inject-got": {"MEMTRACE_INJECT_ENTRIES": "0"}, "inject-entry": {"MEMTRACE_INJECT_GOT": "0"}}
+# inject-before: the tool's fixed cost as before issue 33 (its links closed
+# by itself before it exits, its programs verified one after the other).
+TOOL_ENV = {"inject-got": {"MEMTRACE_INJECT_ENTRIES": "0"}, "inject-entry": {"MEMTRACE_INJECT_GOT": "0"},
+            "inject-before": {"MEMTRACE_SYNC_TEARDOWN": "1", "MEMTRACE_SERIAL_LOAD": "1"}}
 
 
 # (workload, mode) -> attaches refused (the deadlock-window check,
@@ -227,7 +235,11 @@ def run_once(w, mode, tool, tmp):
     argv = list(w["argv"])
     if mode == "heaptrack":
         argv = ["heaptrack", "-o", os.path.join(tmp, "ht")] + argv
+        for f in os.listdir(tmp):
+            if f.startswith("ht."):
+                os.unlink(os.path.join(tmp, f))
     env = dict(ENV, LD_PRELOAD=w["preload"]) if w.get("preload") else ENV
+    launched = time.monotonic()
     target = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env, bufsize=1)
     sqlite = "sql" in w
@@ -283,8 +295,16 @@ def run_once(w, mode, tool, tmp):
             raise RuntimeError("%s: no workload_seconds: %s" % (mode, terr[-2000:]))
         wall, cpu = float(m[-1][0]), float(m[-1][1])
     waits = 0
+    e2e = time.monotonic() - launched
+    if mode == "heaptrack":
+        rec = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("ht.")]
+        if len(rec) != 1:
+            raise RuntimeError("heaptrack: no one recording in %s: %s" % (tmp, rec))
+        subprocess.run(["heaptrack_print", rec[0]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        e2e = time.monotonic() - launched
     if tool_p:
         _, merr = tool_p.communicate()
+        e2e = time.monotonic() - launched
         if tool_p.returncode != 0:
             raise RuntimeError("%s: tool exited %d: %s" % (mode, tool_p.returncode, merr[-2000:]))
         with open(rep) as f:
@@ -296,7 +316,7 @@ def run_once(w, mode, tool, tmp):
     done = time.monotonic() - t0
     if target.returncode != 0:
         raise RuntimeError("%s: target exited %d: %s" % (mode, target.returncode, terr[-2000:]))
-    return wall, cpu, done, waits
+    return wall, cpu, done, waits, e2e
 
 
 def main():
@@ -333,23 +353,25 @@ def main():
                         print("round %d %-5s %-10s %10.0f requests/s  done %7.3f s  waits %d" %
                               (r, w, m, v[0], v[2], v[3]), file=sys.stderr, flush=True)
                     else:
-                        print("round %d %-3s %-10s workload %7.3f s  cpu %7.3f s  done %7.3f s  waits %d" %
+                        print("round %d %-3s %-10s workload %7.3f s  cpu %7.3f s  done %7.3f s  waits %d  e2e %7.3f s" %
                               ((r, w, m) + v), file=sys.stderr, flush=True)
-        print("medians of %d rounds, interleaved; x: against untraced; /ht: against heaptrack (workload wall, cpu)"
-              % a.repeat)
+        print("medians of %d rounds, interleaved; x: against untraced; /ht: against heaptrack (workload wall, cpu;"
+              " e2e: against heaptrack + heaptrack_print)" % a.repeat)
         for w in wls:
             print("\n%s: %s" % (w, W[w]["what"]))
-            print("%-10s %9s %9s %9s %7s %8s %8s %7s %7s" %
-                  ("mode", "workload", "cpu", "done", "waits", "x wall", "x cpu", "/ht wall", "/ht cpu"))
-            med = {m: [statistics.median(v[i] for v in res[(w, m)]) for i in range(4)] for m in modes}
+            print("%-10s %9s %9s %9s %7s %8s %8s %8s %7s %7s %7s" %
+                  ("mode", "workload", "cpu", "done", "waits", "e2e", "x wall", "x cpu", "/ht wall", "/ht cpu",
+                   "/ht e2e"))
+            med = {m: [statistics.median(v[i] for v in res[(w, m)]) for i in range(5)] for m in modes}
             base = med.get("untraced")
             ht = med.get("heaptrack")
             for m in modes:
-                wl, c, d, wt = med[m]
-                print("%-10s %9.3f %9.3f %9.3f %7d %8s %8s %7s %7s" % (
-                    m, wl, c, d, wt,
+                wl, c, d, wt, e = med[m]
+                print("%-10s %9.3f %9.3f %9.3f %7d %8.3f %8s %8s %7s %7s %7s" % (
+                    m, wl, c, d, wt, e,
                     "%.2f" % (wl / base[0]) if base else "-", "%.2f" % (c / base[1]) if base else "-",
-                    "%.2f" % (wl / ht[0]) if ht else "-", "%.2f" % (c / ht[1]) if ht else "-"))
+                    "%.2f" % (wl / ht[0]) if ht else "-", "%.2f" % (c / ht[1]) if ht else "-",
+                    "%.2f" % (e / ht[4]) if ht else "-"))
             for m in modes:
                 if m.startswith("inject"):
                     print("%-10s not injected (BPF path instead) in %d of %d attaches" %

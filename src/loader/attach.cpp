@@ -71,6 +71,22 @@ void close_link(const Link& l) {
   if (l.perf_fd >= 0) close(l.perf_fd);
 }
 
+LinkSink g_sink;  // under g_detach_mu
+
+// The links to the sink, then closed here (no longer the last reference:
+// no detach waits here). False if the sink did not take them (left open).
+bool to_sink(const std::vector<Link>& links) {
+  if (!g_sink || links.empty()) return false;
+  std::vector<int> fds;
+  for (const Link& l : links) {
+    if (l.fd >= 0) fds.push_back(l.fd);
+    if (l.perf_fd >= 0) fds.push_back(l.perf_fd);
+  }
+  if (!g_sink(fds)) return false;
+  for (const Link& l : links) close_link(l);
+  return true;
+}
+
 void perf_detacher() {
   std::unique_lock<std::mutex> lk(g_detach_mu);
   for (;;) {
@@ -95,8 +111,21 @@ AttachScope::~AttachScope() {
   g_perf_cv.notify_all();
 }
 
+void set_link_sink(LinkSink sink) {
+  std::lock_guard<std::mutex> lk(g_detach_mu);
+  g_sink = std::move(sink);
+}
+
 void detach_async(std::vector<Link> links, bool urgent) {
   std::lock_guard<std::mutex> lk(g_detach_mu);
+  if (g_sink) {  // BPF links (uprobe_multi) to the sink at once; perf events as below
+    std::vector<Link> bpf_links;
+    for (const Link& l : links)
+      if (l.perf_fd < 0 && l.fd >= 0) bpf_links.push_back(l);
+    if (to_sink(bpf_links))
+      links.erase(std::remove_if(links.begin(), links.end(), [](const Link& l) { return l.perf_fd < 0; }),
+                  links.end());
+  }
   for (Link l : links) {
     if (l.perf_fd >= 0 && urgent) {
       g_perf_urgent.push_back(l);
@@ -129,6 +158,7 @@ void detach_wait() {
   {
     std::lock_guard<std::mutex> lk(g_detach_mu);
     urgent.swap(g_perf_urgent);
+    if (to_sink(urgent)) return;  // closed by the sink, first (they still fire)
   }
   for (const Link& l : urgent) close_link(l);
 }
@@ -144,6 +174,7 @@ void detach_in_background() {
     std::lock_guard<std::mutex> lk(g_detach_mu);
     links.assign(g_perf_queue.rbegin(), g_perf_queue.rend());
     g_perf_queue.clear();
+    if (to_sink(links)) return;  // the guardian closes them (guardian.h)
   }
   if (links.empty()) return;
   std::vector<int> keep;

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -68,6 +69,14 @@ struct Link {
 void detach_async(std::vector<Link> links, bool urgent);
 void detach_wait();
 void detach_in_background();
+// A process that outlives the tool and closes links for it (the guardian,
+// guardian.h): given its own references to a set of link fds, it closes
+// them in the background; false if it could not take them. Set, every BPF
+// link fd goes there (at once: no thread here waits on a detach), the
+// perf-event uprobes once no attach can follow (detach_wait), and the tool
+// exits without waiting for a single detach.
+using LinkSink = std::function<bool(const std::vector<int>& fds)>;
+void set_link_sink(LinkSink sink);
 // While one lives, no perf-event uprobe is closed (see attach.cpp).
 struct AttachScope {
   AttachScope();

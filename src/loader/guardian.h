@@ -10,8 +10,17 @@
 // stops from then on), sends SIGCONT to every tgid left in `stopped`, again
 // until the loader is gone and 320 ms after, and to every traced process
 // (`targets`) it finds stopped then; and exits.
+//
+// It also closes the BPF links the loader is done with (hand_over): the
+// kernel detaches a uprobe or a tracepoint in its last close, across an RCU
+// grace period (~70-100 ms each here), so that the loader writes its report
+// and exits without waiting for them. The links of one hand_over are closed
+// in order on a thread of their own, the hand_overs in parallel; the
+// guardian exits once every one is closed.
 #pragma once
 #include <sys/types.h>
+
+#include <vector>
 
 #include "common/fd.h"
 #include "common/result.h"
@@ -28,6 +37,9 @@ class Guardian {
 
   // Hands it the maps, once they exist and before anything can be stopped.
   Result<void> arm(int stopped_map_fd, int loader_gone_map_fd, int targets_map_fd);
+  // Sends the guardian its own references to fds (links), to close; the
+  // caller closes its own (no longer the last: fast). After arm() only.
+  Result<void> hand_over(const std::vector<int>& fds);
   pid_t pid() const { return pid_; }
 
  private:

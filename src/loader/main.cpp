@@ -10,6 +10,7 @@
 #include "loader/diff_command.h"
 #include "loader/faults.h"
 #include "loader/feature_cli.h"
+#include "common/phase_log.h"
 #include "loader/tracer.h"
 #include "symbolize/debuginfod.h"
 #include "symbolize/symbolize.h"
@@ -59,6 +60,7 @@ void on_crash(int sig, siginfo_t*, void* ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  memtrace::phase("start");
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
     struct sigaction sa {};
     sa.sa_sigaction = on_crash;
@@ -246,6 +248,11 @@ int main(int argc, char** argv) {
     std::cerr << "memtrace-bpf: launch a program or use -p/-c, not both\n";
     return 2;
   }
-  memtrace::loader::Tracer t(std::move(o));
-  return t.run();
+  int rc;
+  {
+    memtrace::loader::Tracer t(std::move(o));
+    rc = t.run();
+  }
+  memtrace::phase("exit: the tool's memory freed");
+  return rc;
 }

@@ -17,6 +17,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/phase_log.h"
+#include "loader/bpf_object.h"
 #include "loader/output_file.h"
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
@@ -37,79 +39,6 @@ int event_cb(void* ctx, void* data, size_t len) {
 }
 int proc_cb(void* ctx, void* data, size_t len) {
   return static_cast<Tracer*>(ctx)->on_proc_event(data, len);
-}
-
-// libbpf's warnings, kept so that a refused program can be named with the
-// verifier's reason (MEMTRACE_LIBBPF_VERBOSE=1 also prints them as they come).
-std::string g_libbpf_log;
-
-int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
-  if (level == LIBBPF_DEBUG) return 0;
-  va_list copy;
-  va_copy(copy, args);
-  char buf[8192];
-  int n = vsnprintf(buf, sizeof buf, fmt, copy);
-  va_end(copy);
-  if (n > 0) {
-    g_libbpf_log.append(buf, std::min<size_t>(n, sizeof buf - 1));
-    if (g_libbpf_log.size() > (1u << 20)) g_libbpf_log.erase(0, g_libbpf_log.size() - (1u << 19));
-  }
-  if (getenv("MEMTRACE_LIBBPF_VERBOSE")) return vfprintf(stderr, fmt, args);
-  return 0;
-}
-
-// "the kernel refused BPF program 'mt_alloc_enter' (Permission denied):
-// combined stack size of 4 calls is 544. Too large": the program libbpf says
-// failed, and the last lines of its verifier log.
-std::string load_failure(int err) {
-  const std::string& log = g_libbpf_log;
-  std::string prog;
-  size_t at = log.rfind("BPF program load failed");
-  if (at != std::string::npos) {
-    size_t q2 = log.rfind('\'', at), q1 = q2 == std::string::npos ? q2 : log.rfind('\'', q2 - 1);
-    if (q1 != std::string::npos) prog = log.substr(q1 + 1, q2 - q1 - 1);
-  }
-  if (prog.empty()) {
-    // libbpf's first warning says what went wrong (a map it could not
-    // create, a relocation); the later ones only that the object failed.
-    std::string first;
-    std::istringstream is(log);
-    for (std::string l; std::getline(is, l) && first.empty();)
-      if (!l.empty()) first = l.rfind("libbpf: ", 0) == 0 ? l.substr(8) : l;
-    return "load BPF programs: " + std::string(strerror(err)) + (first.empty() ? "" : " (libbpf: " + first + ")");
-  }
-  std::vector<std::string> lines;
-  size_t b = log.find("-- BEGIN PROG LOAD LOG --", at), e = log.find("-- END PROG LOAD LOG --", at);
-  if (b != std::string::npos && e != std::string::npos && e > b) {
-    std::istringstream is(log.substr(b, e - b));
-    for (std::string l; std::getline(is, l);)
-      if (!l.empty() && l.rfind("--", 0) != 0 && l.rfind("processed ", 0) != 0 &&
-          l.rfind("verification time", 0) != 0 && l.rfind("stack depth", 0) != 0)
-        lines.push_back(l);
-  }
-  std::string why;
-  for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); i++)
-    why += (why.empty() ? "" : " | ") + lines[i];
-  return "the kernel refused BPF program '" + prog + "' (" + strerror(err) + ")" + (why.empty() ? "" : ": " + why) +
-         " (MEMTRACE_LIBBPF_VERBOSE=1 prints the verifier's whole log)";
-}
-
-// The full object, or the compat one (kernels before 5.17) through the same
-// skeleton: bpf/skeletons_agree.py checks at build time that the compat
-// object has every map and program the skeleton names and the same
-// read-only variables.
-memtrace_bpf* open_skeleton(bool full) {
-  auto* obj = static_cast<memtrace_bpf*>(calloc(1, sizeof(memtrace_bpf)));
-  if (!obj) return nullptr;
-  int err = memtrace_bpf__create_skeleton(obj);
-  if (!err && !full) obj->skeleton->data = const_cast<void*>(memtrace_bpf_compat__elf_bytes(&obj->skeleton->data_sz));
-  if (!err) err = bpf_object__open_skeleton(obj->skeleton, nullptr);
-  if (err) {
-    memtrace_bpf__destroy(obj);
-    errno = -err;
-    return nullptr;
-  }
-  return obj;
 }
 
 }  // namespace
@@ -164,7 +93,7 @@ std::ostream& Tracer::out() {
 }
 
 Result<void> Tracer::load() {
-  libbpf_set_print(libbpf_print);
+  install_libbpf_print();
   struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY};
   setrlimit(RLIMIT_MEMLOCK, &rl);
   // One perf event fd per probe per process.
@@ -174,6 +103,7 @@ Result<void> Tracer::load() {
     setrlimit(RLIMIT_NOFILE, &nf);
   }
   kf_ = probe_kernel();
+  phase("load: kernel probed");
   if (!kf_.can_run()) {
     for (const auto& l : describe(kf_))
       if (l.rfind("missing", 0) == 0) return Error::msg("memtrace-bpf cannot run here: " + l.substr(9));
@@ -209,6 +139,7 @@ Result<void> Tracer::load() {
 
   skel_ = open_skeleton(full_bpf_);
   if (!skel_) return Error::sys("open BPF object");
+  phase("load: BPF object opened");
   auto* ro = skel_->rodata;
   ro->self_pid = getpid();
   ro->capture_stacks = o_.stacks;
@@ -265,18 +196,31 @@ Result<void> Tracer::load() {
   bpf_program__set_autoload(skel_->progs.mt_exit_vfork, false);
 #endif
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit, attach_mode_);
-  g_libbpf_log.clear();
-  if (int err = memtrace_bpf__load(skel_); err) return Error::msg(load_failure(-err));
+  // The two programs with the unwinder verified at the same time
+  // (bpf_object.h; MEMTRACE_SERIAL_LOAD=1: one after the other, for A/B).
+  objs_.main = skel_;
+  if (auto r = load_objects(objs_, full_bpf_, !getenv("MEMTRACE_SERIAL_LOAD")); !r) return r;
+  phase("load: BPF maps created, programs verified");
   // Before any program is attached: from here on, a process can be stopped.
   if (guardian_)
     if (auto r = guardian_->arm(bpf_map__fd(skel_->maps.stopped), bpf_map__fd(skel_->maps.loader_gone),
                                 bpf_map__fd(skel_->maps.targets));
         !r)
       return r;
-  bpf_program__set_autoattach(skel_->progs.mt_alloc_enter, false);
-  bpf_program__set_autoattach(skel_->progs.mt_alloc_exit, false);
+  // Every link the tool is done with is closed by the guardian (guardian.h):
+  // no detach on the tool's clock.
+  // (MEMTRACE_SYNC_TEARDOWN=1: closed here, as before issue 33; benchmarks A/B.)
+  hand_over_links_ = guardian_ && !getenv("MEMTRACE_SYNC_TEARDOWN");
+  if (hand_over_links_)
+    set_link_sink([this](const std::vector<int>& fds) { return bool(guardian_->hand_over(fds)); });
+  memtrace_bpf* up = objs_.uprobe_object();
+  bpf_program__set_autoattach(up->progs.mt_alloc_enter, false);
+  bpf_program__set_autoattach(up->progs.mt_alloc_exit, false);
   if (int err = memtrace_bpf__attach(skel_); err)
     return Error::sys("attach BPF tracepoints", -err);
+  if (objs_.mmap)
+    if (int err = memtrace_bpf__attach(objs_.mmap); err) return Error::sys("attach BPF tracepoints", -err);
+  phase("load: tracepoints attached");
 
   // One ring_buffer per ring: the events ring is drained on its own from
   // inside proc-event callbacks, and each ring_buffer maps its ring (twice
@@ -302,15 +246,15 @@ Result<void> Tracer::load() {
     if (!epoll_.valid() || epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, ring_buffer__epoll_fd(r), &ev) != 0)
       return Error::sys("epoll for the ring buffers");
   }
-  std::vector<bpf_program*> enter = {skel_->progs.mt_alloc_enter};
+  std::vector<bpf_program*> enter = {up->progs.mt_alloc_enter};
   if (attach_mode_ == AttachMode::PerfEventPerRole)
     for (uint32_t r = 1; r < MT_ROLE_COUNT; r++) {
       std::string name = "mt_alloc_enter_" + std::to_string(r);
-      bpf_program* p = bpf_object__find_program_by_name(skel_->obj, name.c_str());
+      bpf_program* p = bpf_object__find_program_by_name(up->obj, name.c_str());
       if (!p) return Error::msg("BPF object without " + name);
       enter.push_back(p);
     }
-  attacher_ = std::make_unique<Attacher>(std::move(enter), skel_->progs.mt_alloc_exit, attach_mode_, o_.allocator);
+  attacher_ = std::make_unique<Attacher>(std::move(enter), up->progs.mt_alloc_exit, attach_mode_, o_.allocator);
   if (cfi) {
     auto u = unwind::UnwindMaps::create(skel_->maps.unwind_shards, skel_->maps.unwind_procs,
                                         skel_->maps.unwind_epoch, o_.unwind_mb << 20);
@@ -466,6 +410,7 @@ Result<void> Tracer::Snapshot::error() {
 // we stopped; then the perf events of exited processes go to the reaper,
 // which holds no tracepoint.
 void Tracer::detach_probes() {
+  finishing_ = true;  // no new attach from here (the final drain's exec and mapping records)
   if (skel_ && skel_->bss) skel_->bss->tracing_stopped = true;
   for (auto& [pid, p] : procs_) {
     if (p.exited) p.probes.reset();
@@ -474,6 +419,17 @@ void Tracer::detach_probes() {
   for (auto& [key, set] : system_probes_) set.reset_before_exit();
   system_probes_.clear();
   detach_wait();
+  if (skel_ && hand_over_links_) {
+    // The tracepoints' links too: the guardian's references keep them until
+    // it closes them, ours go at once (libbpf disables a perf-event
+    // tracepoint before its close: it stops firing now).
+    std::vector<int> fds;
+    for (memtrace_bpf* o : {skel_, objs_.mmap})
+      for (int i = 0; o && i < o->skeleton->prog_cnt; i++)
+        if (bpf_link* l = *o->skeleton->progs[i].link) fds.push_back(bpf_link__fd(l));
+    if (!fds.empty()) (void)guardian_->hand_over(fds);  // if not: our closes below are the slow last ones
+  }
+  if (objs_.mmap) memtrace_bpf__detach(objs_.mmap);
   if (skel_) memtrace_bpf__detach(skel_);
   for (pid_t pid : std::set<pid_t>(stopped_)) resume(pid);
   detach_in_background();
@@ -555,17 +511,27 @@ void Tracer::teardown() {
       p = nullptr;
     }
   unwind_.reset();  // unmaps the rows array before the map goes
-  if (skel_) {
-    memtrace_bpf__destroy(skel_);
-    skel_ = nullptr;
-  }
+  if (skel_ && !objs_.main) memtrace_bpf__destroy(skel_);  // opened, not loaded
+  destroy_objects(objs_);
+  skel_ = nullptr;
+  set_link_sink(nullptr);
+}
+
+// After detach_probes: the records written before it. The guardian closes
+// the links after it, so that they may still fire meanwhile (a -p process's
+// mappings, system-wide every exec): those are not this run's and do not
+// keep the drain going.
+void Tracer::final_drain() {
+  const uint64_t until = ring_pos_[1] ? __atomic_load_n(ring_pos_[1], __ATOMIC_ACQUIRE) : 0;
+  while (consume() > 0)
+    if (ring_pos_[0] && __atomic_load_n(ring_pos_[0], __ATOMIC_ACQUIRE) >= until) break;
 }
 
 // --check: what this kernel offers, then the real thing: load and verify
 // every BPF program, attach the tracepoints, attach the allocator probes to
 // this process and detach them.
 int Tracer::check(std::ostream& os) {
-  libbpf_set_print(libbpf_print);
+  install_libbpf_print();
   KernelFeatures k = probe_kernel();
   for (const auto& l : describe(k)) os << l << "\n";
   if (!k.can_run()) {
@@ -577,9 +543,7 @@ int Tracer::check(std::ostream& os) {
     os << "missing  BPF programs: " << r.error().message << "\n";
     return 1;
   }
-  size_t nprog = 0;
-  bpf_program* prog;
-  bpf_object__for_each_program(prog, skel_->obj) nprog += bpf_program__fd(prog) >= 0;
+  size_t nprog = loaded_programs(objs_);
   os << "ok       BPF programs: " << nprog << " loaded and verified, tracepoints attached\n";
   int rc = 0;
   auto maps = read_maps(getpid());
@@ -697,6 +661,7 @@ int Tracer::run() {
   // the model's memory follows live blocks and call paths, not processes.
   model_.set_locator(resolver_.locator(), o_.features.live || o_.features.dump_bytes);
   model_.set_image_cap(o_.max_images);
+  phase("run: features and outputs ready");
   if (auto r = setup_targets(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";
     // Whatever was captured so far is still reported.
@@ -708,6 +673,7 @@ int Tracer::run() {
     return code;
   }
 
+  phase("run: targets set up (a launched program released)");
   if (auto r = start_rearm(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";
     teardown();
@@ -766,6 +732,7 @@ int Tracer::run() {
       if (launcher_->poll_exit(&st)) {
         child_status_ = st;
         if (traced_since_) traced_seconds_ = std::chrono::duration<double>(now - *traced_since_).count();
+        phase("run: the program exited");
         exit_code = Launcher::exit_code_of(st);
         break;
       }
@@ -808,10 +775,13 @@ int Tracer::run() {
   // hooks call straight through from here on).
   detach_injected();
   detach_probes();
-  while (consume() > 0) {
-  }
+  phase("end: probes detached (handed to the guardian)");
+  final_drain();
+  phase("end: final drain");
   report_final(exit_code);
+  phase("end: report written");
   teardown();
+  phase("end: teardown");
   return exit_code;
 }
 

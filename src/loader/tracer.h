@@ -17,6 +17,7 @@
 #include "common/result.h"
 #include "heap/heap_model.h"
 #include "loader/attach.h"
+#include "loader/bpf_object.h"
 #include "loader/kernel_features.h"
 #include "loader/faults.h"
 #include "loader/features.h"
@@ -157,6 +158,8 @@ class Tracer {
   report::Drops drops();
   std::ostream& out();
   void detach_probes();  // run()'s end and teardown()
+  void final_drain();    // the records written before detach_probes
+  bool finishing_ = false;  // detach_probes ran: nothing more is attached
   void teardown();
   void log(const std::string& s);
 
@@ -169,7 +172,8 @@ class Tracer {
   bool syscall_fexit_ = false;  // mmap family and fork child on fentry/fexit, not syscalls:* tracepoints
   AttachMode attach_mode_ = AttachMode::UprobeMulti;
   std::vector<std::string> kernel_notes_;  // fallbacks this kernel needs, shown in the report
-  struct memtrace_bpf* skel_ = nullptr;
+  struct memtrace_bpf* skel_ = nullptr;  // objs_.main once loaded: its maps, rodata, bss, tracepoints
+  BpfObjects objs_;                       // bpf_object.h
   struct ring_buffer* rb_ = nullptr;
   struct ring_buffer* rb_events_ = nullptr;
   Fd epoll_;                      // both rings' epoll fds
@@ -200,6 +204,7 @@ class Tracer {
   std::pair<uint64_t, uint64_t> self_exe_{0, 0};  // (dev, inode) of our own binary: never probed system-wide
   std::set<pid_t> stopped_;  // processes BPF stopped that we must resume
   std::optional<Guardian> guardian_;  // resumes them if this process dies first (run() only)
+  bool hand_over_links_ = false;      // and closes the links (guardian.h)
   void forget_stopped(pid_t pid);     // and the BPF map's entry for it
   std::optional<Launcher> launcher_;
   std::optional<int> child_status_;

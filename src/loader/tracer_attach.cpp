@@ -40,7 +40,7 @@ Result<void> Tracer::attach_process(pid_t pid, bool required, Snapshot* given) {
   if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
   const auto* maps = snap.maps();
   resolver_.capture(pid, maps);
-  if (p.attached) return {};
+  if (p.attached || finishing_) return {};
   if (!maps) return snap.error();
   MapEntry where;
   auto obj = attacher_->find_allocator(pid, *maps, &where);

@@ -19,6 +19,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/phase_log.h"
 #include "loader/output_file.h"
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
@@ -209,8 +210,10 @@ int Tracer::on_proc_event(void* data, size_t len) {
   if (feat_) feat_->on_proc_event(data, len, [&snap] { return snap.maps(); });  // before the resume: maps of a stopped process
   if (stopped) resume(pid);
   // The launched program runs traced from here (benchmarks time this part).
-  if (launcher_ && pid == launcher_->pid() && procs_[pid].attached && !traced_since_)
+  if (launcher_ && pid == launcher_->pid() && procs_[pid].attached && !traced_since_) {
     traced_since_ = std::chrono::steady_clock::now();
+    phase("run: the launched program's allocator probes attached, resumed");
+  }
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // Runs memtrace-bpf and target programs for the integration tests.
 #pragma once
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -231,6 +233,43 @@ inline const std::string& kernel_check() {
 // "page faults", "stacks", ... : does --check say the best mechanism is used?
 inline bool kernel_ok(const std::string& feature) {
   return kernel_check().find("ok       " + feature + ":") != std::string::npos;
+}
+
+// BPF program and link ids a process holds (from its fds' fdinfo).
+inline std::set<std::string> bpf_ids_of(pid_t pid) {
+  std::set<std::string> ids;
+  std::string dir = "/proc/" + std::to_string(pid) + "/fdinfo";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return ids;
+  while (dirent* e = readdir(d)) {
+    std::ifstream f(dir + "/" + e->d_name);
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("prog_id:", 0) == 0 || line.rfind("link_id:", 0) == 0)
+        ids.insert(line.substr(0, 4) + std::to_string(std::stol(line.substr(line.find(':') + 1))));
+  }
+  closedir(d);
+  return ids;
+}
+
+// Which of these ids still exist anywhere in the kernel.
+inline std::set<std::string> still_loaded(const std::set<std::string>& ids) {
+  std::set<std::string> left;
+  for (const char* kind : {"prog", "link"}) {
+    FILE* f = popen((std::string("bpftool -j ") + kind + " list 2>/dev/null").c_str(), "r");
+    std::string s;
+    char b[65536];
+    size_t n;
+    while ((n = fread(b, 1, sizeof b, f)) > 0) s.append(b, n);
+    pclose(f);
+    auto j = nlohmann::json::parse(s, nullptr, false);
+    if (!j.is_array()) continue;
+    for (const auto& p : j) {
+      std::string id = std::string(kind).substr(0, 4) + std::to_string(p.value("id", -1L));
+      if (ids.count(id)) left.insert(id);
+    }
+  }
+  return left;
 }
 
 }  // namespace memtrace::testing

@@ -41,43 +41,6 @@ bool has_leak(const json& p, long bytes, long blocks) {
   return false;
 }
 
-// BPF program and link ids a process holds (from its fds' fdinfo).
-std::set<std::string> bpf_ids_of(pid_t pid) {
-  std::set<std::string> ids;
-  std::string dir = "/proc/" + std::to_string(pid) + "/fdinfo";
-  DIR* d = opendir(dir.c_str());
-  if (!d) return ids;
-  while (dirent* e = readdir(d)) {
-    std::ifstream f(dir + "/" + e->d_name);
-    std::string line;
-    while (std::getline(f, line))
-      if (line.rfind("prog_id:", 0) == 0 || line.rfind("link_id:", 0) == 0)
-        ids.insert(line.substr(0, 4) + std::to_string(std::stol(line.substr(line.find(':') + 1))));
-  }
-  closedir(d);
-  return ids;
-}
-
-// Which of these ids still exist anywhere in the kernel.
-std::set<std::string> still_loaded(const std::set<std::string>& ids) {
-  std::set<std::string> left;
-  for (const char* kind : {"prog", "link"}) {
-    FILE* f = popen((std::string("bpftool -j ") + kind + " list 2>/dev/null").c_str(), "r");
-    std::string s;
-    char b[65536];
-    size_t n;
-    while ((n = fread(b, 1, sizeof b, f)) > 0) s.append(b, n);
-    pclose(f);
-    auto j = json::parse(s, nullptr, false);
-    if (!j.is_array()) continue;
-    for (const auto& p : j) {
-      std::string id = std::string(kind).substr(0, 4) + std::to_string(p.value("id", -1L));
-      if (ids.count(id)) left.insert(id);
-    }
-  }
-  return left;
-}
-
 // alloc_rounds --fork: the parent's and the child's (exit code 7) entries.
 std::pair<const json*, const json*> fork_pair(const json& rep) {
   const json* parent = nullptr;
