@@ -248,11 +248,15 @@ int main(int argc, char** argv) {
     std::cerr << "memtrace-bpf: launch a program or use -p/-c, not both\n";
     return 2;
   }
-  int rc;
-  {
-    memtrace::loader::Tracer t(std::move(o));
-    rc = t.run();
+  auto* t = new memtrace::loader::Tracer(std::move(o));
+  int rc = t->run();
+  if (t->quick_exit_ok()) {
+    memtrace::phase("exit");
+    std::cout.flush();
+    std::cerr.flush();
+    _exit(rc);
   }
+  delete t;
   memtrace::phase("exit: the tool's memory freed");
   return rc;
 }

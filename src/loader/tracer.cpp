@@ -782,6 +782,12 @@ int Tracer::run() {
   phase("end: report written");
   teardown();
   phase("end: teardown");
+  // Every output closed here: what is left is memory (quick_exit_ok).
+  file_out_.reset();
+  more_outs_.clear();
+  feat_.reset();
+  pprof_dir_.reset();
+  finished_ = true;
   return exit_code;
 }
 

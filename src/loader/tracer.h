@@ -89,6 +89,10 @@ class Tracer {
   // Runs until the traced program exits, the last traced process exits (-p),
   // --duration, or SIGINT/SIGTERM/SIGHUP. Returns the tool's exit code.
   int run();
+  // run() ended normally: the report written, every output closed, the
+  // links handed over. The process may end without freeing the tool's
+  // memory piece by piece (the model, the symbol tables: 0.3 s on W1).
+  bool quick_exit_ok() const { return finished_; }
   // memtrace-bpf --check: prints what the kernel supports and which
   // fallbacks are used, loads and attaches everything once; 0 if it can run.
   int check(std::ostream& os);
@@ -160,6 +164,7 @@ class Tracer {
   void detach_probes();  // run()'s end and teardown()
   void final_drain();    // the records written before detach_probes
   bool finishing_ = false;  // detach_probes ran: nothing more is attached
+  bool finished_ = false;   // quick_exit_ok
   void teardown();
   void log(const std::string& s);
 
