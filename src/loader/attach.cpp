@@ -471,6 +471,8 @@ void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode) {
 
 Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path,
                                   uint32_t image) {
+  if (ready_)
+    if (auto r = ready_(); !r) return r.error();
   const uint64_t img = static_cast<uint64_t>(image) << MT_COOKIE_IMAGE_SHIFT;
   AttachScope scope;  // pending perf-event closes wait
   // Entry probes: offset, cookie (role | ret_at << 8 | image), program; the same at

@@ -141,6 +141,10 @@ class Attacher {
   // image: the process's image (mt_target.image), carried in every cookie
   // (MT_COOKIE_IMAGE_SHIFT); 0 for system-wide probes.
   Result<ProbeSet> attach(const AllocatorObject& obj, pid_t pid, const std::string& open_path, uint32_t image = 0);
+  // Called before the first attach: the probe programs still being verified
+  // (--inject: bpf_object.h, load_objects) are waited for; its error is the
+  // attach's.
+  void set_ready(std::function<Result<void>()> f) { ready_ = std::move(f); }
 
   // --explain-probes text for an object.
   static std::string explain(const AllocatorObject& obj);
@@ -159,6 +163,7 @@ class Attacher {
   bpf_program* exit_;
   AttachMode mode_;
   AllocatorChoice choice_;
+  std::function<Result<void>()> ready_;
   // (dev, inode) -> analysis; nullptr value: not an allocator.
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<AllocatorObject>> objects_;
   std::vector<std::string> notes_;  // kernel refused an offset, ...

@@ -56,6 +56,7 @@ void select_programs(memtrace_bpf* main, memtrace_bpf* o, bool (*keep)(const bpf
     const bpf_program* m = bpf_object__find_program_by_name(main->obj, bpf_program__name(p));
     bool want = m && bpf_program__autoload(m) && keep(p);
     bpf_program__set_autoload(p, want);
+    bpf_program__set_autoattach(p, bpf_program__autoattach(m));
     if (want) bpf_program__set_expected_attach_type(p, bpf_program__expected_attach_type(m));
   }
 }
@@ -138,7 +139,7 @@ std::string load_failure(int err) {
          " (MEMTRACE_LIBBPF_VERBOSE=1 prints the verifier's whole log)";
 }
 
-Result<void> load_objects(BpfObjects& objs, bool full, bool parallel) {
+Result<void> load_objects(BpfObjects& objs, bool full, bool parallel, bool defer_uprobes) {
   memtrace_bpf* main = objs.main;
   if (parallel) {
     objs.uprobes = open_skeleton(full);
@@ -155,12 +156,27 @@ Result<void> load_objects(BpfObjects& objs, bool full, bool parallel) {
   if (!parallel) return {};
   for (memtrace_bpf* o : {objs.uprobes, objs.mmap})
     if (int err = reuse_maps(main, o); err) return Error::sys("share the BPF maps between objects", -err);
+  if (defer_uprobes) {
+    BpfObjects* o = &objs;
+    objs.uprobe_loader = std::thread([o] {
+      o->uprobe_err = memtrace_bpf__load(o->uprobes);
+      o->uprobes_loaded = true;
+    });
+    if (int err = memtrace_bpf__load(objs.mmap); err) return Error::msg(load_failure(-err));
+    return {};
+  }
   int mmap_err = 0;
   std::thread t([&] { mmap_err = memtrace_bpf__load(objs.mmap); });
   int up_err = memtrace_bpf__load(objs.uprobes);
   t.join();
   if (up_err) return Error::msg(load_failure(-up_err));
   if (mmap_err) return Error::msg(load_failure(-mmap_err));
+  return {};
+}
+
+Result<void> wait_uprobes(BpfObjects& objs) {
+  if (objs.uprobe_loader.joinable()) objs.uprobe_loader.join();
+  if (objs.uprobe_err) return Error::msg(load_failure(-objs.uprobe_err));
   return {};
 }
 
@@ -175,6 +191,14 @@ size_t loaded_programs(const BpfObjects& objs) {
 }
 
 void destroy_objects(BpfObjects& objs) {
+  if (objs.uprobe_loader.joinable()) {
+    if (objs.uprobes_loaded) {
+      objs.uprobe_loader.join();
+    } else {  // still verifying: left to the process's end (the kernel stops at its signal)
+      objs.uprobe_loader.detach();
+      objs.uprobes = nullptr;
+    }
+  }
   for (memtrace_bpf** o : {&objs.uprobes, &objs.mmap, &objs.main})
     if (*o) {
       memtrace_bpf__destroy(*o);

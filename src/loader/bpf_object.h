@@ -11,7 +11,9 @@
 // light programs, the other two take its maps (bpf_map__reuse_fd) and load
 // one heavy group each, on two threads.
 #pragma once
+#include <atomic>
 #include <string>
+#include <thread>
 
 #include "common/result.h"
 
@@ -34,6 +36,11 @@ struct BpfObjects {
   memtrace_bpf* main = nullptr;
   memtrace_bpf* uprobes = nullptr;  // null: loaded by main (MEMTRACE_SERIAL_LOAD=1)
   memtrace_bpf* mmap = nullptr;
+  // defer_uprobes: the uprobe programs still verified on this thread after
+  // load_objects returns (wait_uprobes).
+  std::thread uprobe_loader;
+  std::atomic<bool> uprobes_loaded{false};
+  int uprobe_err = 0;
   // The programs of a group, from the object that loads them.
   memtrace_bpf* uprobe_object() const { return uprobes ? uprobes : main; }
 };
@@ -41,7 +48,11 @@ struct BpfObjects {
 // main opened and configured (rodata, map sizes, autoload, expected attach
 // types: set on main, copied to the others); loads it, then the heavy groups
 // in parallel. full: which object main was opened from.
-Result<void> load_objects(BpfObjects& objs, bool full, bool parallel);
+// defer_uprobes (with parallel): the uprobe programs' load goes on after
+// this returns (--inject: the agent takes the allocator; uprobes only where
+// it cannot), until wait_uprobes.
+Result<void> load_objects(BpfObjects& objs, bool full, bool parallel, bool defer_uprobes = false);
+Result<void> wait_uprobes(BpfObjects& objs);
 
 // Every object's programs that are loaded.
 size_t loaded_programs(const BpfObjects& objs);

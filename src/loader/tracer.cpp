@@ -198,8 +198,17 @@ Result<void> Tracer::load() {
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit, attach_mode_);
   // The two programs with the unwinder verified at the same time
   // (bpf_object.h; MEMTRACE_SERIAL_LOAD=1: one after the other, for A/B).
+  // Attached per process (Attacher), not by the skeleton; copied to the
+  // object that loads them before it starts.
+  bpf_program__set_autoattach(skel_->progs.mt_alloc_enter, false);
+  bpf_program__set_autoattach(skel_->progs.mt_alloc_exit, false);
   objs_.main = skel_;
-  if (auto r = load_objects(objs_, full_bpf_, !getenv("MEMTRACE_SERIAL_LOAD")); !r) return r;
+  bool parallel = !getenv("MEMTRACE_SERIAL_LOAD");
+  // --inject: the agent takes the allocator, uprobes are for what it cannot
+  // (and a launched program up to its entry point): their verification goes
+  // on while the tool attaches, and only an attach of uprobes waits for it.
+  bool defer = parallel && o_.inject && !getenv("MEMTRACE_NO_DEFER");
+  if (auto r = load_objects(objs_, full_bpf_, parallel, defer); !r) return r;
   phase("load: BPF maps created, programs verified");
   // Before any program is attached: from here on, a process can be stopped.
   if (guardian_)
@@ -214,8 +223,6 @@ Result<void> Tracer::load() {
   if (hand_over_links_)
     set_link_sink([this](const std::vector<int>& fds) { return bool(guardian_->hand_over(fds)); });
   memtrace_bpf* up = objs_.uprobe_object();
-  bpf_program__set_autoattach(up->progs.mt_alloc_enter, false);
-  bpf_program__set_autoattach(up->progs.mt_alloc_exit, false);
   if (int err = memtrace_bpf__attach(skel_); err)
     return Error::sys("attach BPF tracepoints", -err);
   if (objs_.mmap)
@@ -255,6 +262,7 @@ Result<void> Tracer::load() {
       enter.push_back(p);
     }
   attacher_ = std::make_unique<Attacher>(std::move(enter), up->progs.mt_alloc_exit, attach_mode_, o_.allocator);
+  if (defer) attacher_->set_ready([this] { return wait_uprobes(objs_); });
   if (cfi) {
     auto u = unwind::UnwindMaps::create(skel_->maps.unwind_shards, skel_->maps.unwind_procs,
                                         skel_->maps.unwind_epoch, o_.unwind_mb << 20);
