@@ -186,7 +186,8 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
         uint64_t pc = ip ? ip - 1 : 0;
         auto r = std::upper_bound(j.map.ranges.begin(), j.map.ranges.end(), pc,
                                   [](uint64_t a, const ImageRange& x) { return a < x.start; });
-        if (r == j.map.ranges.begin() || pc >= (--r)->end) return Loc{j.map.unknown, 0};
+        if (r == j.map.ranges.begin() || pc >= (--r)->end)
+          return j.map.jit_module ? Loc{j.map.jit_module, ip} : Loc{j.map.unknown, 0};
         j.bias[r - j.map.ranges.begin()] = r->bias;
         return Loc{r->module, ip - r->bias};
       };
@@ -207,7 +208,8 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
           if (!j.map.ranges.empty()) {
             size_t keep = trusted_frames(j.locs.size(), [&](size_t i) {
               const Loc& l = j.locs[i];
-              if (l.module == j.map.unknown) return j.map.jit ? FrameTrust::Good : FrameTrust::Unmapped;
+              if (l.module == j.map.unknown || (j.map.jit_module && l.module == j.map.jit_module))
+                return j.map.jit ? FrameTrust::Good : FrameTrust::Unmapped;
               return j.map.follows_call && !j.map.follows_call(l) ? FrameTrust::Bad : FrameTrust::Good;
             });
             if (keep < j.locs.size()) {

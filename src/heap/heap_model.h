@@ -287,6 +287,10 @@ struct ImageMap {
   // The image has a JIT's code (anonymous executable memory): an address in
   // no range may be code made after its mappings were read; not cut there.
   bool jit = false;
+  // Non-zero (a JIT's image): an address in no range is kept as the location
+  // (jit_module, address), as its anonymous mappings' are (bias 0), so that
+  // its perf map names it after the process is gone.
+  uint32_t jit_module = 0;
 };
 using Locator = std::function<ImageMap(const Process& p)>;
 

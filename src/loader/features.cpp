@@ -572,6 +572,18 @@ void Features::finish(const report::Drops& d, const std::vector<std::string>& er
     jp["exit_status"] = p->exit_code ? nlohmann::json(*p->exit_code) : nlohmann::json(nullptr);
     procs.push_back(std::move(jp));
   }
+  // JIT code names, in pieces that fit a record (cut after a newline).
+  if (c_.perf_maps)
+    for (const auto& [pid, text] : c_.perf_maps()) {
+      const size_t kPiece = 4u << 20;
+      for (size_t at = 0; at < text.size();) {
+        size_t n = std::min(kPiece, text.size() - at);
+        if (at + n < text.size())
+          if (size_t nl = text.rfind('\n', at + n - 1); nl != std::string::npos && nl >= at) n = nl + 1 - at;
+        rec_->write_json(REC_PERFMAP, {{"pid", pid}, {"text", text.substr(at, n)}});
+        at += n;
+      }
+    }
   nlohmann::json end = {{"processes", procs},  {"dropped", d.dropped}, {"stats", d.stats},
                         {"errors", errors},    {"mono_ns", monotonic_ns()}};
   rec_->write_json(REC_END, end);

@@ -68,6 +68,8 @@ struct FeatureContext {
   bool include_idle = true;
   std::vector<std::string> command;            // launch mode (recorded in the header)
   size_t max_images = 256;                     // --max-images (recorded: replay merges as the trace did)
+  // The perf maps read (pid, their text): the recording keeps them (JIT code names).
+  std::function<std::vector<std::pair<pid_t, std::string>>()> perf_maps;
 };
 
 class Recorder;

@@ -40,6 +40,18 @@ static std::optional<pid_t> status_field(pid_t pid, const char* key) {
 std::optional<pid_t> tgid_of(pid_t tid) { return status_field(tid, "Tgid"); }
 std::optional<pid_t> ppid_of(pid_t pid) { return status_field(pid, "PPid"); }
 
+std::optional<pid_t> ns_pid_of(pid_t pid) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/status");
+  auto at = s.find("\nNSpid:");
+  if (at == std::string::npos) return std::nullopt;
+  auto end = s.find('\n', at + 1);
+  std::istringstream in(s.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7));
+  long v = 0, last = -1;
+  while (in >> v) last = v;
+  if (last <= 0) return std::nullopt;
+  return static_cast<pid_t>(last);
+}
+
 std::vector<std::string> proc_strings(pid_t pid, const char* file) {
   std::string s = slurp("/proc/" + std::to_string(pid) + "/" + file);
   std::vector<std::string> out;

@@ -17,6 +17,9 @@ using procfs::read_maps;
 std::optional<std::string> read_comm(pid_t pid);
 std::optional<pid_t> tgid_of(pid_t tid);  // from /proc/TID/status
 std::optional<pid_t> ppid_of(pid_t pid);
+// pid as its own pid namespace numbers it (the last of /proc/PID/status's
+// NSpid: a container's process), pid itself outside one.
+std::optional<pid_t> ns_pid_of(pid_t pid);
 // When pid started (clock ticks since boot, /proc/PID/stat): with the pid,
 // one process (a pid used again is another start).
 std::optional<uint64_t> start_time(pid_t pid);

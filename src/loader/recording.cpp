@@ -249,6 +249,11 @@ std::string check_maps(const json& j) {
   return "";
 }
 
+std::string check_perfmap(const json& j) {
+  if (!j.is_object()) return "not a JSON object";
+  return first({need_uint(j, "pid", kMaxPid), need_string(j, "text")});
+}
+
 std::string check_end(const json& j) {
   if (!j.is_object()) return "not a JSON object";
   auto it = j.find("processes");
@@ -325,11 +330,12 @@ std::string check_record(uint32_t type, const std::vector<char>& p, json* j, con
              (p.size() >= sizeof h ? ", kind " + num(h.kind) : std::string()) + " (one is " +
              num(sizeof(mt_proc_event)) + " bytes of kind " + num(MT_EV_EXEC) + " to " + num(MT_EV_LIBMAP) + ")";
     case REC_MAPS:
+    case REC_PERFMAP:
     case REC_END: {
-      const char* what = type == REC_MAPS ? "mappings record" : "end record";
+      const char* what = type == REC_MAPS ? "mappings record" : type == REC_PERFMAP ? "perf map record" : "end record";
       *j = json::parse(p.begin(), p.end(), nullptr, false);
       if (j->is_discarded()) return std::string(what) + ": not JSON";
-      std::string e = type == REC_MAPS ? check_maps(*j) : check_end(*j);
+      std::string e = type == REC_MAPS ? check_maps(*j) : type == REC_PERFMAP ? check_perfmap(*j) : check_end(*j);
       return e.empty() ? "" : std::string(what) + ": " + e;
     }
   }
@@ -413,9 +419,9 @@ RecordedFile read_recording(std::istream& in, const std::function<void(const nlo
       return fail(at, "truncated record at offset " + num(at) + ": the file ends " + num(got) +
                           " bytes into the record's 12-byte header (" + num(src.size_or_end()) + " bytes)");
     const uint32_t type = rh[0], len = rh[1];
-    if (type < REC_EVENT || type > REC_END)
+    if (type < REC_EVENT || type > REC_PERFMAP)
       return fail(at, "corrupt record at offset " + num(at) + ": type " + num(type) + " (records are of types " +
-                          num(REC_EVENT) + " to " + num(REC_END) + ")");
+                          num(REC_EVENT) + " to " + num(REC_PERFMAP) + ")");
     if (auto left = src.left(); left && *left < len)
       return fail(at, std::string(len > kRecMaxPayload ? "corrupt" : "truncated") + " record at offset " + num(at) +
                           ": length " + num(len) + " past the end of the file (" + num(*src.size()) + " bytes)");

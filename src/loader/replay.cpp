@@ -65,11 +65,27 @@ class ReplayResolver {
     node(child).parent = spaces_[parent];
   }
 
+  // A piece of pid's perf map (REC_PERFMAP), in order.
+  void perf_text(pid_t pid, const std::string& text) { jit_[pid].feed(text); }
+
   std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc, bool ret) {
-    if (loc) return location_frames(sym_, *loc, addr, ret);
+    auto jit = jit_.find(p.pid);
+    auto named = [&](uint64_t at) -> std::optional<report::FrameOut> {
+      if (jit == jit_.end()) return std::nullopt;
+      jit->second.finish();
+      return jit_frame(jit->second, at, ret, "/tmp/perf-" + std::to_string(p.pid) + ".map");
+    };
+    if (loc) {
+      if (sym_.is_anonymous_module(loc->module))
+        if (auto f = named(loc->offset)) return {*f};
+      return location_frames(sym_, *loc, addr, ret);
+    }
     auto it = spaces_.find(p.pid);
-    return resolve_frames(sym_, it == spaces_.end() ? nullptr : it->second.get(), addr, ret,
-                          "process mappings not in the recording");
+    auto out = resolve_frames(sym_, it == spaces_.end() ? nullptr : it->second.get(), addr, ret,
+                              "process mappings not in the recording");
+    if (jit_candidate(out))
+      if (auto f = named(addr)) return {*f};
+    return out;
   }
   report::Resolver fn() {
     return [this](const heap::Process& p, uint64_t a, const heap::Loc* l, bool r) { return resolve(p, a, l, r); };
@@ -77,7 +93,9 @@ class ReplayResolver {
   heap::Locator locator() {
     return [this](const heap::Process& p) {
       auto it = spaces_.find(p.pid);
-      return image_map(sym_, it == spaces_.end() ? nullptr : it->second.get());
+      heap::ImageMap m = image_map(sym_, it == spaces_.end() ? nullptr : it->second.get());
+      if (auto j = jit_.find(p.pid); j != jit_.end() && (j->second.finish(), j->second.size())) mark_jit(sym_, m);
+      return m;
     };
   }
   const std::vector<std::string>& notes() const { return notes_; }
@@ -150,6 +168,7 @@ class ReplayResolver {
   std::map<pid_t, std::set<std::tuple<uint64_t, uint64_t, uint64_t, std::string>>> added_;
   std::map<std::string, std::string> located_;
   std::vector<std::string> notes_;
+  std::map<pid_t, symbolize::PerfMap> jit_;  // JIT code names (REC_PERFMAP)
 };
 
 }  // namespace
@@ -214,6 +233,9 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
         for (const auto& m : r.json["maps"]) res.add(pid, m);
         break;
       }
+      case REC_PERFMAP:
+        res.perf_text(r.json["pid"].get<pid_t>(), r.json["text"].get<std::string>());
+        break;
       case REC_END:
         end = r.json;
         break;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -62,6 +63,26 @@ std::vector<report::FrameOut> resolve_frames(symbolize::Symbolizer& sym, const S
     return {f};
   }
   return frames_of(*sp, addr);
+}
+
+std::optional<report::FrameOut> jit_frame(const symbolize::PerfMap& m, uint64_t addr, bool return_address,
+                                          const std::string& module) {
+  uint64_t pc = return_address && addr ? addr - 1 : addr;  // a return address: the call is before it
+  const symbolize::PerfMapEntry* e = m.find(pc);
+  if (!e) return std::nullopt;
+  report::FrameOut f;
+  f.address = addr;
+  f.function = e->name;
+  f.offset = addr - e->start;
+  f.module = module;
+  f.module_offset = addr - e->start;
+  return f;
+}
+
+bool jit_candidate(const std::vector<report::FrameOut>& frames) {
+  return frames.size() == 1 && frames[0].function.empty() &&
+         (frames[0].unknown == symbolize::to_string(symbolize::Unknown::Anonymous) ||
+          frames[0].unknown == symbolize::to_string(symbolize::Unknown::Unmapped));
 }
 
 std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
@@ -663,7 +684,10 @@ heap::ImageMap Resolver::map_of(const heap::Process& p) {
   // p's image ended (it is being sealed): what the kernel told since its
   // last read is all there will be.
   if (const Image* im = image_of(p)) ended(p.pid, const_cast<Image&>(*im));
-  return image_map(sym_, node_of(p));
+  heap::ImageMap m = image_map(sym_, node_of(p));
+  // JIT code made after the last read of its mappings: its perf map says so.
+  if (const symbolize::PerfMap* pm = perf_map(p.pid, true); pm && pm->size()) mark_jit(sym_, m);
+  return m;
 }
 
 heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
@@ -691,14 +715,65 @@ heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node) {
     std::sort(m.ranges.begin(), m.ranges.end(),
               [](const heap::ImageRange& a, const heap::ImageRange& b) { return a.start < b.start; });
   }
+  if (m.jit) mark_jit(sym, m);
   return m;
+}
+
+void mark_jit(symbolize::Symbolizer& sym, heap::ImageMap& m) {
+  // A JIT's code keeps its addresses (its perf map names them): in its
+  // anonymous mappings and in none (code made since the last read).
+  m.jit = true;
+  for (auto& r : m.ranges)
+    if (sym.is_anonymous_module(r.module)) r.bias = 0;
+  m.jit_module = sym.anonymous_module();
+}
+
+const symbolize::PerfMap* Resolver::perf_map(pid_t pid, bool refresh) {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+  Jit& j = jit_[pid];
+  if (j.last_ns && (!refresh || now - j.last_ns < 20000000ull)) return j.file.found() ? &j.file.map() : nullptr;
+  j.last_ns = now;
+  if (!j.file.found()) {
+    // Alive: through its root, by the pid its own namespace gave it (a
+    // container's /tmp); gone: the host's /tmp.
+    if (process_exists(pid)) {
+      pid_t ns = ns_pid_of(pid).value_or(pid);
+      j.file.also("/proc/" + std::to_string(pid) + "/root/tmp/perf-" + std::to_string(ns) + ".map");
+      j.file.refresh();
+    }
+    if (!j.file.found()) j.file.also("/tmp/perf-" + std::to_string(pid) + ".map");
+  }
+  j.file.refresh();
+  return j.file.found() ? &j.file.map() : nullptr;
+}
+
+std::vector<std::pair<pid_t, std::string>> Resolver::perf_map_texts() {
+  std::vector<std::pair<pid_t, std::string>> out;
+  for (const auto& [pid, v] : images_) perf_map(pid, true);
+  for (const auto& [pid, j] : jit_)
+    if (j.file.found() && !j.file.text().empty()) out.emplace_back(pid, j.file.text());
+  return out;
 }
 
 std::vector<report::FrameOut> Resolver::resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,
                                                 bool return_address) {
-  if (loc) return location_frames(sym_, *loc, addr, return_address);  // sealing cut what was untrusted
+  auto named = [&](uint64_t at) -> std::optional<report::FrameOut> {
+    const symbolize::PerfMap* m = perf_map(p.pid, false);
+    auto f = m ? jit_frame(*m, at, return_address, "/tmp/perf-" + std::to_string(p.pid) + ".map") : std::nullopt;
+    if (!f && (m = perf_map(p.pid, true))) f = jit_frame(*m, at, return_address, "/tmp/perf-" + std::to_string(p.pid) + ".map");
+    return f;
+  };
+  if (loc) {  // sealing cut what was untrusted
+    if (sym_.is_anonymous_module(loc->module))
+      if (auto f = named(loc->offset)) return {*f};
+    return location_frames(sym_, *loc, addr, return_address);
+  }
   const SpaceNode* node = node_of(p);
   auto out = resolve_frames(sym_, node, addr, return_address, "process mappings never captured");
+  if (jit_candidate(out))
+    if (auto f = named(addr)) return {*f};
   if (return_address && !out.empty() && !follows_call(sym_, node, addr)) out.front().untrusted = true;
   return out;
 }

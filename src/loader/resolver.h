@@ -15,6 +15,7 @@
 
 #include "heap/heap_model.h"
 #include "report/report.h"
+#include "symbolize/perf_map.h"
 #include "symbolize/symbolize.h"
 
 namespace memtrace::loader {
@@ -41,6 +42,16 @@ bool follows_call(symbolize::Symbolizer& sym, const SpaceNode* node, uint64_t ad
 // Where the code of node's address space lies (its own mappings first, then
 // its ancestors' in the gaps): what the heap model seals an image's stacks by.
 heap::ImageMap image_map(symbolize::Symbolizer& sym, const SpaceNode* node);
+// m is a JIT's image (anonymous code, or a perf map): its addresses in
+// anonymous code and in no mapping are kept as locations (jit_module).
+void mark_jit(symbolize::Symbolizer& sym, heap::ImageMap& m);
+// A JIT's frame named by its process's perf map (addr: a return address
+// when return_address; module: what the frame says it is in), if the map has it.
+std::optional<report::FrameOut> jit_frame(const symbolize::PerfMap& m, uint64_t addr, bool return_address,
+                                          const std::string& module);
+// Whether resolve_frames found nothing for a frame a perf map may name
+// (anonymous executable memory, or no mapping: code made since the read).
+bool jit_candidate(const std::vector<report::FrameOut>& frames);
 // Frames of a sealed stack's location (addr: where it was, for show).
 std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
                                               bool return_address);
@@ -105,6 +116,13 @@ class Resolver {
     return [this](const heap::Process& p) { return map_of(p); };
   }
   size_t spaces() const { return images_.size(); }
+  // The perf maps of the processes seen (JIT code names, read now as far
+  // as they grew): (pid, every byte read), for the recording.
+  std::vector<std::pair<pid_t, std::string>> perf_map_texts();
+  // pid's perf map, found while it lives through /proc/PID/root and its own
+  // pid namespace's pid (a container's), else /tmp/perf-PID.map; read
+  // again as it grows (refresh: now, unless read in the last 20 ms).
+  const symbolize::PerfMap* perf_map(pid_t pid, bool refresh);
 
  private:
   struct Image {
@@ -160,6 +178,11 @@ class Resolver {
   void read(SpaceNode& n, pid_t pid, const std::vector<procfs::Mapping>* maps, bool first_of_image);
 
   symbolize::Symbolizer sym_;
+  struct Jit {
+    symbolize::PerfMapFile file;
+    uint64_t last_ns = 0;  // last refresh (or open attempt)
+  };
+  std::map<pid_t, Jit> jit_;  // perf maps by pid
   std::map<pid_t, std::vector<Image>> images_;  // by pid, in exec order
   std::set<pid_t> never_captured_;
   std::set<pid_t> incomplete_;

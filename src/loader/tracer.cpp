@@ -658,6 +658,7 @@ int Tracer::run() {
     fc.include_idle = !system_wide_;
     fc.command = o_.command;
     fc.max_images = o_.max_images;
+    fc.perf_maps = [this] { return resolver_.perf_map_texts(); };
     std::string err;
     feat_ = Features::create(o_.features, std::move(fc), &err);
     if (!feat_) {

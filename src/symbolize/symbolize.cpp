@@ -364,6 +364,11 @@ std::vector<Symbolizer::LocationRange> Symbolizer::location_ranges(const Address
 }
 
 uint32_t Symbolizer::unmapped_module() { return impl_->loc_module(nullptr, "", Unknown::Unmapped); }
+uint32_t Symbolizer::anonymous_module() { return impl_->loc_module(nullptr, "", Unknown::Anonymous); }
+bool Symbolizer::is_anonymous_module(uint32_t module) const {
+  return module && module < impl_->loc_modules.size() && impl_->loc_modules[module].failure == Unknown::Anonymous &&
+         (impl_->loc_modules[module].path.empty() || impl_->loc_modules[module].path.rfind("[anon", 0) == 0);
+}
 
 const Symbolized& Symbolizer::symbolize_at(uint32_t module, uint64_t offset, bool return_address) {
   ++impl_->stats.lookups;

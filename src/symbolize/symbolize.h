@@ -129,6 +129,11 @@ class Symbolizer {
   };
   std::vector<LocationRange> location_ranges(const AddressSpace& as);
   uint32_t unmapped_module();
+  // Executable memory with no file (a JIT's code): the module of such a
+  // mapping (anonymous_module(): of one with no name), whose locations a
+  // JIT's process keeps as addresses (bias 0), named from its perf map.
+  uint32_t anonymous_module();
+  bool is_anonymous_module(uint32_t module) const;
   // What symbolize(as, address, return_address) said, from a location; the
   // result's address is 0. Memoized per (module, offset); valid until the
   // next call.
