@@ -68,6 +68,7 @@ int run_replay(int argc, char** argv) {
   bool no_debuginfod = false;
   app.add_flag("--no-debuginfod", no_debuginfod,
                "Do not download missing binaries and debug files from the servers in DEBUGINFOD_URLS");
+  app.add_flag("-v,--verbose", o.verbose, "End the text report with STATS, the tool's own counters");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -79,7 +80,11 @@ int run_replay(int argc, char** argv) {
     std::cerr << "memtrace-bpf: replay: " << bad << "\n";
     return 2;
   }
-  if (no_debuginfod) symbolize::Debuginfod::get().configure({.enabled = false});
+  if (no_debuginfod) {
+    symbolize::DebuginfodSettings off;
+    off.enabled = false;
+    symbolize::Debuginfod::get().configure(off);
+  }
   if (auto bad = symbolize::check_symbol_dirs(o.symbol_dirs); !bad.empty()) {
     std::cerr << "memtrace-bpf: replay: " << bad << "\n";
     return 2;

@@ -138,6 +138,7 @@ struct ReplayOptions {
   size_t live_max = 1000;
   std::vector<std::string> symbol_dirs;
   bool dwarf = true;
+  bool verbose = false;  // -v: the text report's STATS line
 };
 int replay(const ReplayOptions& o);
 

@@ -3,13 +3,53 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace memtrace::loader {
+
+namespace {
+
+// prog is a file that exec can run: a regular file with execute permission
+// for this process (access(2) as root: any execute bit).
+int exec_errno(const std::string& prog) {
+  struct stat st;
+  if (stat(prog.c_str(), &st) != 0) return errno;
+  if (!S_ISREG(st.st_mode)) return EACCES;  // what execve says of a directory
+  if (access(prog.c_str(), X_OK) != 0) return errno;
+  return 0;
+}
+
+}  // namespace
+
+Result<void> Launcher::check_executable(const std::string& prog) {
+  auto fail = [&](int e) { return Error{"cannot execute " + prog + ": " + strerror(e), e}; };
+  if (prog.empty()) return fail(ENOENT);
+  if (prog.find('/') != std::string::npos) {
+    if (int e = exec_errno(prog)) return fail(e);
+    return {};
+  }
+  // As execvp: each PATH entry in turn (its default when PATH is unset);
+  // EACCES from one is kept if no other entry has the program.
+  const char* path = getenv("PATH");
+  std::string dirs = path ? path : "/bin:/usr/bin";
+  int err = ENOENT;
+  for (size_t at = 0; at <= dirs.size();) {
+    size_t end = dirs.find(':', at);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(at, end - at);
+    at = end + 1;
+    int e = exec_errno((dir.empty() ? "." : dir) + "/" + prog);
+    if (e == 0) return {};
+    if (e == EACCES) err = EACCES;
+  }
+  return Error{"cannot execute " + prog + ": " + (err == ENOENT ? "not found in PATH" : strerror(err)), err};
+}
 
 Result<Launcher> Launcher::start(const std::vector<std::string>& argv) {
   if (argv.empty()) return Error::msg("no program to launch");
@@ -64,6 +104,7 @@ Result<void> Launcher::release() {
     int st;
     waitpid(pid_, &st, 0);
     reaped_ = true;
+    exec_failed_ = true;
     return Error{"cannot execute " + prog_ + ": " + strerror(e), e};
   }
   return {};

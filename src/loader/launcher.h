@@ -15,6 +15,10 @@ namespace memtrace::loader {
 
 class Launcher {
  public:
+  // Whether prog can be exec'd as execvp would find it (PATH when it has
+  // no '/'): checked before anything is loaded or traced, so that a program
+  // that cannot start costs one line ("cannot execute X: ...") and exit 2.
+  static Result<void> check_executable(const std::string& prog);
   // Forks; the child waits for release() and then exec's argv.
   static Result<Launcher> start(const std::vector<std::string>& argv);
   Launcher(Launcher&&) = default;
@@ -23,6 +27,8 @@ class Launcher {
   pid_t pid() const { return pid_; }
   // Lets the child exec. Returns an error if exec failed ("cannot execute X: ...").
   Result<void> release();
+  // release() found that the exec failed: the program never ran.
+  bool exec_failed() const { return exec_failed_; }
   // Non-blocking: true once the child has exited; status in wait-status form.
   bool poll_exit(int* status);
   // Exit code the tool should return for a wait status.
@@ -35,6 +41,7 @@ class Launcher {
   Fd err_;   // read end: errno from a failed exec (CLOEXEC: EOF on success)
   std::string prog_;
   bool reaped_ = false;
+  bool exec_failed_ = false;
 };
 
 }  // namespace memtrace::loader

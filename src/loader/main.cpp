@@ -11,6 +11,7 @@
 #include "loader/faults.h"
 #include "loader/feature_cli.h"
 #include "common/phase_log.h"
+#include "loader/launcher.h"
 #include "loader/tracer.h"
 #include "symbolize/debuginfod.h"
 #include "symbolize/symbolize.h"
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
                "Do not download missing debug files from the servers in DEBUGINFOD_URLS");
   app.add_flag("--explain-probes", o.explain_probes,
                "Print where each allocator probe is placed and why");
-  app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit");
+  app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit; end the text report with STATS, the tool's own counters");
   app.add_flag("--inject", o.inject,
                "With -p: load memtrace's agent library into the process (ptrace, no restart) and take its malloc "
                "family from there instead of uprobes: in-process cost (docs/inject.md)");
@@ -176,7 +177,11 @@ int main(int argc, char** argv) {
     std::cerr << "memtrace-bpf: " << bad << "\n";
     return 2;
   }
-  if (no_debuginfod) memtrace::symbolize::Debuginfod::get().configure({.enabled = false});
+  if (no_debuginfod) {
+    memtrace::symbolize::DebuginfodSettings off;
+    off.enabled = false;
+    memtrace::symbolize::Debuginfod::get().configure(off);
+  }
   if (auto bad = memtrace::symbolize::check_symbol_dirs(o.symbol_dirs); !bad.empty()) {
     std::cerr << "memtrace-bpf: " << bad << "\n";
     return 2;
@@ -248,6 +253,12 @@ int main(int argc, char** argv) {
     std::cerr << "memtrace-bpf: launch a program or use -p/-c, not both\n";
     return 2;
   }
+  // A program that cannot start: one line, exit 2, before anything is loaded.
+  if (!o.command.empty())
+    if (auto r = memtrace::loader::Launcher::check_executable(o.command[0]); !r) {
+      std::cerr << "memtrace-bpf: " << r.error().message << "\n";
+      return 2;
+    }
   auto* t = new memtrace::loader::Tracer(std::move(o));
   int rc = t->run();
   if (t->quick_exit_ok()) {

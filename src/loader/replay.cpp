@@ -301,6 +301,7 @@ int write_reports(const Replayed& r, const ReplayOptions& o, std::ostream& os, s
   ro.top = o.top;
   ro.at_exit = true;
   ro.include_idle = meta.value("include_idle", true);
+  ro.stats = o.verbose;
   LiveOptions lo;
   lo.max = o.live_max;
   lo.readable = false;

@@ -673,6 +673,10 @@ int Tracer::run() {
   phase("run: features and outputs ready");
   if (auto r = setup_targets(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";
+    if (launcher_ && launcher_->exec_failed()) {  // the program never ran: nothing to report
+      teardown();
+      return 2;
+    }
     // Whatever was captured so far is still reported.
     consume();
     int code = child_status_ ? Launcher::exit_code_of(*child_status_) : 2;

@@ -231,6 +231,7 @@ void Tracer::report_final(int exit_code) {
   ro.top = o_.top;
   ro.at_exit = true;
   ro.include_idle = !system_wide_;
+  ro.stats = o_.verbose;  // the tool's own counters: -v (JSON has them always)
   resolver_.allow_debuginfod();  // a process the user named is reported even if quiet
   if (pprof_dir_) {  // every image's last file, from the final model (its in-use totals are the report's)
     auto rs = pprof_dir_->round(model_, resolver_.fn(), ro, true);

@@ -32,6 +32,10 @@ void write_frames_text(std::ostream& os, const heap::HeapModel& m, const Resolve
                        uint64_t stack_id, const char* indent) {
   bool trunc = false;
   auto fs = frames_of(m, r, p, stack_id, &trunc);
+  if (size_t shown = text_frames(fs); shown < fs.size()) {  // up to main (report.h)
+    fs.resize(shown);
+    trunc = false;
+  }
   if (fs.empty()) os << indent << "(no stack)\n";
   for (const auto& f : fs) os << indent << describe(f) << "\n";
   if (trunc) os << indent << "... (stack truncated)\n";
@@ -282,11 +286,20 @@ double per_second(const heap::Process& p, uint64_t n) {
   return t > 0 ? n / t : 0;
 }
 
+size_t text_frames(const std::vector<FrameOut>& fs) {
+  for (size_t i = 0; i < fs.size(); i++)
+    if (fs[i].function == "main" && !fs[i].inlined) return i + 1;
+  return fs.size();
+}
+
 std::string stack_line(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,
                        size_t max_frames) {
   bool trunc = false;
   auto fs = frames_of(m, r, p, stack_id, &trunc);
   if (fs.empty()) return "(no stack)";
+  size_t shown = text_frames(fs);
+  if (shown < fs.size()) trunc = false;  // ends at main: below it is not cut, only not shown
+  fs.resize(shown);
   std::string s;
   for (size_t i = 0; i < fs.size() && i < max_frames; i++) {
     const auto& f = fs[i];
@@ -483,6 +496,10 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
       os << "\n";
       bool trunc = false;
       auto fs = frames_of(m, r, p, g.stack_id, &trunc);
+      if (size_t shown = text_frames(fs); shown < fs.size()) {
+        fs.resize(shown);
+        trunc = false;
+      }
       if (fs.empty()) os << "    (no stack)\n";
       for (const auto& f : fs) os << "    " << describe(f) << "\n";
       if (trunc) os << "    ... (stack truncated)\n";
@@ -491,10 +508,55 @@ void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, c
     write_analysis_text(os, m, r, p, o.top);
     if (m.faults_enabled()) write_faults_text(os, m, r, p, o.top);
   }
-  os << "DROPPED:";
-  for (const auto& [k, v] : d.dropped) os << " " << k << "=" << v;
-  os << "\n";
-  if (!d.stats.empty()) {
+  write_tail_text(os, d, o.stats);
+}
+
+namespace {
+
+// What a DROPPED counter that is not 0 means for the figures above it.
+const char* drop_meaning(const std::string& k) {
+  static const std::map<std::string, const char*> m = {
+      {"ringbuf", "allocator/mmap events lost, the ring buffer full (--ringbuf-mb): counts may be low, a lost "
+                  "free shows as a leak"},
+      {"stack_ringbuf", "stacks lost, their ring full: those allocations are counted, under \"(no stack)\""},
+      {"inflight_map_full", "calls not followed to their return: those allocations are not counted"},
+      {"stack_missing", "stacks the kernel returned empty: those allocations are counted, under \"(no stack)\""},
+      {"missed_returns", "allocator returns never seen: those allocations are not counted"},
+      {"stop_failed", "processes not stopped for their attach: their first allocations may be missing"},
+      {"sysargs_map_full", "mmap-family calls not followed to their return: mmap figures may be low"},
+      {"fault_ringbuf", "page faults lost, their ring full: fault figures are low"},
+      {"stack_record_missing", "events whose stack record was lost: counted, under \"(no stack)\""},
+      {"malformed", "records that could not be read: counts may be low"},
+      {"attach_failed", "attaches that failed (see the error lines): those processes are missing or incomplete"},
+      {"inject_leftovers_unrestored",
+       "processes a killed --inject session left patched and that could not be put back: their counts are "
+       "incomplete"},
+      {"inject_ring_full", "--inject records lost, the agent's ring full: counts may be low"},
+      {"inject_malformed", "--inject records that could not be read: counts may be low"},
+      {"inject_fork_child_calls", "allocator calls in a fork's child before the agent saw the fork: not counted"},
+      {"unwind_table_over_cap", "files past --unwind-mb, unwound by frame pointers: their stacks may be cut"},
+      {"unwind_table_failed", "files whose unwind tables could not be built: their stacks may be cut"},
+  };
+  auto it = m.find(k);
+  return it == m.end() ? "events lost (docs/usage.md): the figures above may be low" : it->second;
+}
+
+}  // namespace
+
+void write_tail_text(std::ostream& os, const Drops& d, bool stats) {
+  bool any = false;
+  for (const auto& [k, v] : d.dropped) any = any || v;
+  if (!any) {
+    os << "nothing dropped\n";
+  } else {
+    os << "DROPPED:";
+    for (const auto& [k, v] : d.dropped)
+      if (v) os << " " << k << "=" << v;
+    os << "\n";
+    for (const auto& [k, v] : d.dropped)
+      if (v) os << "    " << k << ": " << drop_meaning(k) << "\n";
+  }
+  if (stats && !d.stats.empty()) {
     os << "STATS:";
     for (const auto& [k, v] : d.stats) os << " " << k << "=" << v;
     os << "\n";

@@ -56,6 +56,7 @@ struct Options {
   bool at_exit = true;      // "in use at exit" vs "in use"
   bool leaks = true;
   bool include_idle = false;  // processes with no allocator activity
+  bool stats = false;         // the text report's STATS line (-v; JSON always has "stats")
 };
 
 struct Drops {
@@ -98,6 +99,11 @@ std::vector<std::pair<uint64_t, const heap::StackAllocs*>> stacks_by(const heap:
 double traced_seconds(const heap::Process& p);
 // n per traced second of p (0 when traced_seconds is 0).
 double per_second(const heap::Process& p, uint64_t n);
+// How many of a stack's frames the text report shows: up to main, as
+// valgrind (--show-below-main=no): what is under it (__libc_start_call_main,
+// __libc_start_main, _start) is the same in every stack. JSON, folded,
+// pprof and HTML keep every frame.
+size_t text_frames(const std::vector<FrameOut>& fs);
 // A stack on one line, innermost first: "f (file.c:12) < g (file.c:30) < ...",
 // at most max_frames frames.
 std::string stack_line(const heap::HeapModel& m, const Resolver& r, const heap::Process& p, uint64_t stack_id,
@@ -111,6 +117,10 @@ void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resol
                          size_t top);
 
 void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit);
+// The text report's tail: DROPPED with each counter that is not 0 and what
+// it means for the figures above it, else "nothing dropped"; STATS (the
+// tool's own counters) when stats. JSON has every counter, always.
+void write_tail_text(std::ostream& os, const Drops& d, bool stats);
 void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                 const Drops& d);
 nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Options& o, const Drops& d);
