@@ -200,8 +200,8 @@ int main(int argc, char** argv) {
         if (k > best || !bo) best = k, bo = &o;
       }
       // equal frame for frame; a BPF stack cut at the depth limit is a prefix
-      bool ok = bo && (best == g.size() && best == bo->size() ||
-                       best == bo->size() && bo->size() == size_t(MT_MAX_FRAMES));
+      bool ok = bo && ((best == g.size() && best == bo->size()) ||
+                       (best == bo->size() && bo->size() == size_t(MT_MAX_FRAMES)));
       match += ok;
       if (!ok && misses.size() < 8000) {
         misses += "gdb stack not among ours; they agree on " + std::to_string(best) + " frames (" +

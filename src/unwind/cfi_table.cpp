@@ -584,7 +584,7 @@ mt_unwind_row encode_row_arm64(const RowInfo& in) {
       return mt_unwind_row{0, 0, MT_CFA_UNSUPPORTED, 0};
     }
   }
-  uint8_t x29 = r.rbp == MT_RBP_AT_CFA && x29_base ? MT_X29_AT_BASE_ARM64 : r.rbp;
+  uint8_t x29 = r.rbp == MT_RBP_AT_CFA && x29_base ? uint8_t(MT_X29_AT_BASE_ARM64) : r.rbp;
   mt_unwind_row out{};
   out.cfa_off = static_cast<int16_t>(r.cfa_off / 8);
   out.kind = static_cast<uint8_t>(r.cfa | (x29 << 4) | (ra << 6));
@@ -599,7 +599,7 @@ RowInfo decode_row_arm64(const mt_unwind_row& row) {
   uint8_t x29 = MT_ROW_X29_ARM64(&row), ra = MT_ROW_RA_ARM64(&row);
   bool base = x29 == MT_X29_AT_BASE_ARM64 || ra == MT_RA_AT_BASE;
   int64_t slot = (int64_t(row.rbp_off) - (base ? row.cfa_off : 0)) * 8;  // from the CFA
-  r.rbp = x29 == MT_X29_AT_BASE_ARM64 ? MT_RBP_AT_CFA : x29;
+  r.rbp = x29 == MT_X29_AT_BASE_ARM64 ? uint8_t(MT_RBP_AT_CFA) : x29;
   if (r.rbp == MT_RBP_AT_CFA) r.rbp_off = slot;
   switch (ra) {
     case MT_RA_PAIR: r.ra = MT_RA_AT_CFA; r.ra_off = slot + 8; break;

@@ -161,7 +161,9 @@ TEST_F(Faults, LaunchChargesEveryPageOnceToItsAllocation) {
   EXPECT_TRUE(file_region) << f["by_mapping"].dump();
   // The leak groups say which blocks were never touched.
   for (const auto& l : (*p)["leaks"])
-    if (!l["stack"].empty() && l["stack"][0]["function"] == "alloc_untouched") EXPECT_EQ(l["untouched_blocks"], 1);
+    if (!l["stack"].empty() && l["stack"][0]["function"] == "alloc_untouched") {
+      EXPECT_EQ(l["untouched_blocks"], 1);
+    }
   expect_no_fault_losses(r.report);
 }
 

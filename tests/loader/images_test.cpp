@@ -91,7 +91,9 @@ TEST(EndedImagesTraced, ManyRunsOfOneProgramAreMergedAndTheSumsStayExact) {
   EXPECT_TRUE(has_leak_here(*merged)) << (*merged)["leaks"].dump();
   long leaked = 0;
   for (const auto& l : (*merged)["leaks"]) leaked += l["bytes"].get<long>();
-  if ((*merged)["leak_groups_total"] == (*merged)["leaks"].size()) EXPECT_EQ(leaked, u(*merged, "in_use_bytes"));
+  if ((*merged)["leak_groups_total"] == (*merged)["leaks"].size()) {
+    EXPECT_EQ(leaked, u(*merged, "in_use_bytes"));
+  }
   // Its peak is one member's (the largest), not a sum: every member ran one round.
   EXPECT_EQ(u(*merged, "peak_in_use_bytes"), one_round_peak);
   EXPECT_EQ(r.report["stats"]["model_merged_images"].get<long>(), n - 4);

@@ -325,7 +325,9 @@ TEST_F(Tracing, SystemWideTracesALibcFirstMappedAfterItStarted) {
     Child t = spawn(argv);
     if (args[0] == "--wait") {
       EXPECT_TRUE(read_until(t.out, "ready", o));
-      if (wait_attach) EXPECT_TRUE(read_until(m.err, "attached system-wide to " + dir + "/libc.so.6", &merr)) << merr;
+      if (wait_attach) {
+        EXPECT_TRUE(read_until(m.err, "attached system-wide to " + dir + "/libc.so.6", &merr)) << merr;
+      }
       EXPECT_EQ(write(t.in, "\n\n", 2), 2);
     }
     close(t.in);
@@ -402,7 +404,9 @@ TEST_F(Tracing, ExecStartsANewImageWithItsOwnSummary) {
     if (p["comm"] == "alloc_rounds") prog = &p;
   }
   ASSERT_TRUE(prog) << wrapped.report.dump();
-  if (dynamic_sh) EXPECT_TRUE(shell) << wrapped.report.dump();
+  if (dynamic_sh) {
+    EXPECT_TRUE(shell) << wrapped.report.dump();
+  }
   // A shell without an allocator the tool knows (a static busybox: the
   // kernel tests' VM) has nothing to report: the program is the first image.
   if (shell) {
@@ -880,7 +884,9 @@ TEST_F(Tracing, StackPastCodeWithoutFramePointerIsCutAsTruncated) {
     ASSERT_EQ(st.size(), 1u) << what << ": " << st.dump();
     EXPECT_NE(st[0]["module"].get<std::string>().find("stripped_nofp"), std::string::npos) << st.dump();
     EXPECT_TRUE((*grp)["stack_truncated"].get<bool>()) << what << ": " << grp->dump();
-    if (c.sealed) EXPECT_GE(t.report["stats"]["model_sealed_images"].get<long>(), 1) << t.report["stats"].dump();
+    if (c.sealed) {
+      EXPECT_GE(t.report["stats"]["model_sealed_images"].get<long>(), 1) << t.report["stats"].dump();
+    }
     expect_no_losses(t.report);
   }
   // The other outputs of a raw stack: cut as well (an unmapped frame is

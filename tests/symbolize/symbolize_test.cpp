@@ -525,8 +525,9 @@ TEST(Mappings, NewerMappingShadowsOlderOnlyWhereTheyOverlap) {
   sym.add_mapping(as, m, "/nonexistent/file");
   EXPECT_EQ(sym.symbolize(as, 0x100000000 + a, false).unknown, Unknown::FileGone);
   uint64_t other = text_addresses(kFx + "/fx_O0_pie", 10)[9];
-  if ((other & ~0xfffull) != (a & ~0xfffull))
+  if ((other & ~0xfffull) != (a & ~0xfffull)) {
     EXPECT_EQ(sym.symbolize(as, 0x100000000 + other, false).unknown, Unknown::None);
+  }
   EXPECT_FALSE(before.empty());
   EXPECT_EQ(sym.symbolize(as, 0x10, false).unknown, Unknown::Unmapped);
 }

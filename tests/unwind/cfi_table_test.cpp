@@ -108,7 +108,7 @@ bool matches(const RefRow& ref, const mt_unwind_row& got, std::string* why) {
     want.cfa_off = num(ref.cfa, 4);
   } else if (ref.cfa == "exp") {
     // readelf does not print the expression: any of our expression kinds.
-    want.cfa = g.cfa == MT_CFA_PLT || g.cfa == MT_CFA_RBP_DEREF ? g.cfa : MT_CFA_UNSUPPORTED;
+    want.cfa = g.cfa == MT_CFA_PLT || g.cfa == MT_CFA_RBP_DEREF ? g.cfa : uint8_t(MT_CFA_UNSUPPORTED);
     want.cfa_off = g.cfa_off;
   } else {
     want.cfa = MT_CFA_UNSUPPORTED;
@@ -500,8 +500,9 @@ TEST(CfiTableArm64, PltStubsReturnThroughX30) {
   // family (3a744, 3fb6c) and x30 kept in x15 in rawmemchr (96b14)
   EXPECT_EQ(t->rows_unsupported, 3u);
   for (auto& row : t->rows)
-    if (MT_ROW_CFA(&row) == MT_CFA_UNSUPPORTED)
+    if (MT_ROW_CFA(&row) == MT_CFA_UNSUPPORTED) {
       EXPECT_GE(t->base + row.pc, arm64_section(f, ".text")) << std::hex << t->base + row.pc;
+    }
 }
 
 TEST(CfiTableArm64, EncodingKeepsWhatFits) {

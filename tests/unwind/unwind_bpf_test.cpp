@@ -284,8 +284,9 @@ TEST(UnwindBpf, WalkMemoReplaysOnlyIdenticalStacks) {
     for (int q = 0; q < 3; q++)
       if (q != path)
         for (const char* f : own[q])
-          if (strcmp(f, "run") && strcmp(f, "main") && strcmp(f, "m_leaf"))  // shared
+          if (strcmp(f, "run") && strcmp(f, "main") && strcmp(f, "m_leaf")) {  // shared
             EXPECT_FALSE(has(f)) << "path " << path << " has " << f << ":" << names;
+          }
     EXPECT_FALSE(st.flags & MT_F_STACK_TRUNCATED) << names;
     got[path] += st.count;
   }
