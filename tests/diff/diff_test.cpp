@@ -152,8 +152,13 @@ TEST_F(Diff, BadInputIsOneLineAndACutRecordingIsComparedAsFarAsItGoes) {
 
 // 1234567 -> "1,234,567", as the page writes counts.
 std::string grouped(long v) {
-  std::string s = std::to_string(std::abs(v));
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  // Appended digit by digit: gcc 12's -Wrestrict misreads string::insert
+  // here (a false positive in libstdc++'s inlined memcpy).
+  std::string d = std::to_string(std::abs(v)), s;
+  for (size_t i = 0; i < d.size(); i++) {
+    if (i && (d.size() - i) % 3 == 0) s += ',';
+    s += d[i];
+  }
   return (v < 0 ? "-" : "") + s;
 }
 
