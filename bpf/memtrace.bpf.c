@@ -239,6 +239,8 @@ static __always_inline void fill_hdr(struct mt_hdr *h, __u32 kind, __u32 flags, 
 	h->ts = bpf_ktime_get_ns();
 }
 
+#include "python.bpf.h"
+
 /* Capture the current user stack, send it once, return its id (0: none). */
 static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __u32 *flags,
 					__u64 pid_tgid)
@@ -246,7 +248,7 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 	__u32 zero = 0;
 	struct mt_stack *s;
 	__u64 id, *sent;
-	__u32 slot, nr;
+	__u32 slot, nr, py_nr;
 	__u8 one = 1;
 
 	if (!capture_stacks) {
@@ -263,7 +265,7 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 		count(MT_C_STACK_EMPTY);
 		return 0;
 	}
-	id = s->stack_id;
+	id = mt_py_walk(s, pid_tgid >> 32, s->stack_id);
 	slot = (__u32)id & (MT_SENT_CACHE_ENTRIES - 1);
 	sent = bpf_map_lookup_elem(&stacks_sent_cache, &slot);
 	if (sent && *sent == id)
@@ -273,6 +275,7 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 			*sent = id;
 		return id;
 	}
+	mt_py_send_codes(s, pid_tgid);
 	fill_hdr(&s->h, MT_EV_STACK, *flags, pid_tgid);
 	s->stack_id = id;
 	/* The header and the frames used, not the whole scratch record: most
@@ -280,6 +283,10 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 	nr = s->nr;
 	if (nr > MT_MAX_FRAMES)
 		nr = MT_MAX_FRAMES;
+	py_nr = s->py_nr;
+	if (py_nr > MT_MAX_PY_FRAMES)
+		py_nr = MT_MAX_PY_FRAMES;
+	nr += 2 * py_nr; /* at most MT_STACK_SLOTS, bounds the verifier can follow */
 	if (bpf_ringbuf_output(&events, s, MT_STACK_BYTES(nr), rb_flags())) {
 		count(MT_C_STACK_RINGBUF_FULL);
 		*flags |= MT_F_NO_STACK;

@@ -65,6 +65,7 @@ enum mt_kind {
 	MT_EV_LIBMAP,       /* pending process mapped an executable file: stopped */
 	MT_EV_FAULT,        /* user page fault (--faults) */
 	MT_EV_MAPFILE,      /* lifecycle ring, system-wide: an executable file mapping (struct mt_map_event) */
+	MT_EV_PYCODE,       /* events ring: a Python code object a new stack names (struct mt_py_code) */
 };
 
 /* mt_hdr.flags */
@@ -117,12 +118,24 @@ struct mt_event {
  * Variable-size: the record holds the header and ips[0..nr), exactly
  * MT_STACK_BYTES(nr) bytes (1 <= nr <= MT_MAX_FRAMES); the struct is the
  * largest record (BPF's per-CPU scratch). */
+/* Python frames (issue 32): a stack of a process in py_procs (the loader
+ * found CPython in it) carries, after its nr native frames, py_nr pairs
+ * ips[nr + 2i] = the code object's address, ips[nr + 2i + 1] = the frame's
+ * prev_instr | MT_PY_ENTRY if it is an entry frame (the first frame a
+ * _PyEval_EvalFrameDefault call ran: the splice's boundary), innermost
+ * first; the record is MT_STACK_BYTES(nr + 2 * py_nr) bytes and stack_id
+ * hashes the pairs too. At most MT_MAX_PY_FRAMES: deeper Python stacks are
+ * cut (MT_C_PY_CUT). The loader splices them into the native frames before
+ * the heap model or a recording sees the record (src/python): what those
+ * get has py_nr 0. */
+#define MT_MAX_PY_FRAMES 64
+#define MT_PY_ENTRY (1ull << 63)
 struct mt_stack {
 	struct mt_hdr h;
 	__u64 stack_id;
-	__u32 nr;       /* frames used */
-	__u32 pad;
-	__u64 ips[MT_MAX_FRAMES]; /* innermost first; ips[0] is the probed function's caller's call site */
+	__u32 nr;       /* native frames used */
+	__u32 py_nr;    /* Python frame pairs after them */
+	__u64 ips[MT_MAX_FRAMES + 2 * MT_MAX_PY_FRAMES]; /* innermost first; ips[0] is the probed function's caller's call site */
 };
 #define MT_STACK_HDR_BYTES 40 /* offsetof(struct mt_stack, ips) */
 #define MT_STACK_BYTES(nr) (MT_STACK_HDR_BYTES + 8 * (nr))
@@ -133,6 +146,68 @@ struct mt_stack {
 #endif
 MT_STATIC_ASSERT(__builtin_offsetof(struct mt_stack, ips) == MT_STACK_HDR_BYTES, "mt_stack header");
 MT_STATIC_ASSERT((MT_MAX_FRAMES & (MT_MAX_FRAMES - 1)) == 0 && MT_MAX_FRAMES <= 256, "MT_MAX_FRAMES");
+/* The pairs' slots are masked with MT_STACK_SLOTS - 1 in BPF. */
+#define MT_STACK_SLOTS (MT_MAX_FRAMES + 2 * MT_MAX_PY_FRAMES)
+MT_STATIC_ASSERT((MT_STACK_SLOTS & (MT_STACK_SLOTS - 1)) == 0, "MT_STACK_SLOTS");
+
+/* py_procs map value, keyed by tgid: where a CPython process keeps its
+ * frames, for the BPF walk at each allocator hit (x86-64). The thread's own
+ * PyThreadState (not the GIL holder's: a C extension allocates with the GIL
+ * released) is the value of the interpreter's TSS key in glibc's TSD:
+ *   key = *(int *)(tss_addr + 4) once *(int *)tss_addr (_is_initialized);
+ *   tstate = *(fsbase + tsd_off + key * 16 + 8)   (keys < 32: specific_1stblock)
+ * then frame = *(*(tstate + tstate_cframe) + cframe_current) and along
+ * frame + frame_previous. Offsets of a frame's fields are from frame_window,
+ * the start of the one read per frame (MT_PY_WINDOW bytes). */
+#define MT_PY_WINDOW 40
+struct mt_py_proc {
+	__u64 tss_addr;       /* &_PyRuntime.autoTSSkey (3.11: _PyRuntime + 592) */
+	__u32 tsd_off;        /* glibc's struct pthread.specific_1stblock (2.36 x86-64: 0x310) */
+	__u16 tstate_cframe;  /* PyThreadState.cframe (3.11: 56) */
+	__u16 cframe_current; /* _PyCFrame.current_frame (8) */
+	__u16 frame_window;   /* first byte read of a _PyInterpreterFrame (f_code: 32) */
+	__u8 w_code;          /* in the window: f_code (0) */
+	__u8 w_previous;      /* previous (16) */
+	__u8 w_prev_instr;    /* prev_instr (24) */
+	__u8 w_is_entry;      /* is_entry (36) */
+	__u16 pad;
+	/* Code objects (MT_EV_PYCODE): PyCodeObject's fields, a compact ASCII
+	 * str's characters, a bytes object's size and bytes. */
+	__u16 co_firstlineno, co_filename, co_qualname, co_linetable;
+	__u16 str_state, str_ascii_data, bytes_size, bytes_data;
+};
+
+/* MT_EV_PYCODE: sent with a new stack (before it, same CPU: in ring order)
+ * for each of its code objects that this tgid has not sent with its
+ * fingerprint (code_seen: first line, name and file pointers; an address
+ * a freed code object left to another gets another record). The loader
+ * names frames from these, never from the process's memory, which may be
+ * gone by the time it drains the ring. name and file are compact ASCII
+ * strs (MT_PYC_NONASCII: one is not), cut at their sizes (NUL-ended); the
+ * location table is cut at MT_PY_TABLE_LEN (MT_PYC_TABLE_CUT: lines of
+ * instructions past the cut are unknown). Fixed size. */
+#define MT_PY_NAME_LEN 128
+#define MT_PY_FILE_LEN 256
+#define MT_PY_TABLE_LEN 2048 /* power of 2 */
+#define MT_PYC_NONASCII 1
+#define MT_PYC_TABLE_CUT 2
+#define MT_PYC_UNREADABLE 4  /* the code object's strings or table could not be read */
+struct mt_py_code {
+	struct mt_hdr h;
+	__u64 code;
+	__s32 first_line;
+	__u32 flags;      /* MT_PYC_* */
+	__u32 table_len;  /* bytes of table used */
+	__u32 pad;
+	char name[MT_PY_NAME_LEN];
+	char file[MT_PY_FILE_LEN];
+	__u8 table[MT_PY_TABLE_LEN];
+};
+struct mt_py_code_key {
+	__u32 tgid;
+	__s32 first_line;
+	__u64 code, name, file;
+};
 
 /* MT_EV_EXEC / FORK / EXIT / LIBMAP */
 struct mt_proc_event {
@@ -234,6 +309,12 @@ enum mt_counter {
 	MT_C_FAULT_RINGBUF_FULL,/* fault records that did not fit the ring buffer */
 	MT_C_FAULT_VMA_BUSY,    /* fault recorded without its VMA check (mmap lock busy):
 				 * MT_F_FAULT_VMA_UNKNOWN, informational */
+	/* Python frames (py_procs): */
+	MT_C_PY_NO_TSTATE,      /* informational: a hit on a thread with no PyThreadState
+				 * (interpreter not initialized yet, a thread Python never ran) */
+	MT_C_PY_READ_FAILED,    /* the thread state or a frame could not be read: Python frames lost */
+	MT_C_PY_CUT,            /* Python stack cut at MT_MAX_PY_FRAMES */
+	MT_C_PY_CODE_RINGBUF_FULL, /* MT_EV_PYCODE records that did not fit: frames of it named "?" */
 	MT_C_COUNT,
 };
 

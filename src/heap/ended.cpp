@@ -100,6 +100,7 @@ void release(T& c) {
 }  // namespace
 
 uint64_t address_of(const Process& p, const Loc& l) {
+  if (l.module == kPyModule) return kPyFrameTag | l.offset;
   auto it = std::lower_bound(p.bias.begin(), p.bias.end(), l.module,
                              [](const std::pair<uint32_t, uint64_t>& b, uint32_t m) { return b.first < m; });
   return it != p.bias.end() && it->first == l.module ? it->second + l.offset : l.offset;
@@ -183,6 +184,7 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
     case 1: {  // each raw stack as locations, interned
       // Every frame is a return address: the mapping is the call's (ip - 1).
       auto locate = [&](uint64_t ip) {
+        if (ip & kPyFrameTag) return Loc{kPyModule, ip & ~kPyFrameTag};
         uint64_t pc = ip ? ip - 1 : 0;
         auto r = std::upper_bound(j.map.ranges.begin(), j.map.ranges.end(), pc,
                                   [](uint64_t a, const ImageRange& x) { return a < x.start; });
@@ -208,6 +210,7 @@ bool HeapModel::seal_step(SealJob& j, std::chrono::steady_clock::time_point dead
           if (!j.map.ranges.empty()) {
             size_t keep = trusted_frames(j.locs.size(), [&](size_t i) {
               const Loc& l = j.locs[i];
+              if (l.module == kPyModule) return FrameTrust::Good;
               if (l.module == j.map.unknown || (j.map.jit_module && l.module == j.map.jit_module))
                 return j.map.jit ? FrameTrust::Good : FrameTrust::Unmapped;
               return j.map.follows_call && !j.map.follows_call(l) ? FrameTrust::Bad : FrameTrust::Good;

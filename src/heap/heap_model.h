@@ -36,6 +36,13 @@ struct Block {
 
 // A frame of a sealed stack: an offset in a file. Module ids are the
 // loader's (its symbolizer numbers the files it opened); 0 is never one.
+// A stack frame that is no address (user addresses never have bit 63): a
+// Python frame (src/python, issue 32), its id in the run's
+// python::FrameTable, the same in every process. Sealed, it is the Loc
+// {kPyModule, id}.
+inline constexpr uint64_t kPyFrameTag = uint64_t{1} << 63;
+inline constexpr uint32_t kPyModule = 0xffffffffu;
+
 struct Loc {
   uint32_t module = 0;
   uint64_t offset = 0;

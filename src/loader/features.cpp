@@ -300,6 +300,10 @@ void Features::on_event(const void* data, size_t len, const std::vector<procfs::
   if (o_.trace && is_event && h.kind != MT_EV_FAULT) trace_line(e);
 }
 
+void Features::python_frame(uint32_t id, const std::string& function, const std::string& file, int line) {
+  if (rec_) rec_->write_json(REC_PYFRAME, {{"id", id}, {"function", function}, {"file", file}, {"line", line}});
+}
+
 void Features::on_proc_event(const void* data, size_t len, const MapsOf& maps) {
   if (!rec_ || len < sizeof(mt_proc_event)) return;  // (MT_EV_MAPFILE never comes here)
   rec_->write(REC_PROC, data, len);

@@ -86,6 +86,8 @@ class Features {
   // After the model applied an events-ring record; maps: the tracer's read
   // for it if it made one (null: read here when needed).
   void on_event(const void* data, size_t len, const std::vector<procfs::Mapping>* maps = nullptr);
+  // A Python frame the stacks from now on name (recording: REC_PYFRAME).
+  void python_frame(uint32_t id, const std::string& function, const std::string& file, int line);
   // After the tracer handled a proc-events record (the process may still be stopped).
   void on_proc_event(const void* data, size_t len, const MapsOf& maps);
   // From the run loop: console input and `monitor`. True: the user said quit.

@@ -93,6 +93,12 @@ int main(int argc, char** argv) {
   std::string format, folded_value = "live_bytes";
   memtrace::loader::add_output_options(app, outputs, format, folded_value);
   app.add_option("--top", o.top, "Leak groups shown per process (default 10)");
+  std::string python_frames = "on";
+  app.add_option("--python-frames", python_frames,
+                 "Python frames in the stacks of processes that run CPython 3.11 (BPF path, x86-64): on (default; "
+                 "each _PyEval_EvalFrameDefault frame replaced by the Python functions it ran, "
+                 "'qualname (file.py:line)'), only (the Python frames alone), off")
+      ->check(CLI::IsMember({"off", "on", "only"}));
   bool no_stacks = false;
   app.add_flag("--no-stacks", no_stacks, "Do not capture call stacks");
   std::string unwind = "cfi";
@@ -166,6 +172,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   o.stacks = !no_stacks;
+  o.python_frames = *memtrace::python::parse_mode(python_frames);
   if (o.pprof_dir.dir.empty() && (pprof_every->count() || pprof_keep->count())) {
     std::cerr << "memtrace-bpf: --pprof-every and --pprof-keep are for --pprof-dir DIR\n";
     return 2;

@@ -329,6 +329,17 @@ std::string check_record(uint32_t type, const std::vector<char>& p, json* j, con
       return "process record of " + num(p.size()) + " bytes" +
              (p.size() >= sizeof h ? ", kind " + num(h.kind) : std::string()) + " (one is " +
              num(sizeof(mt_proc_event)) + " bytes of kind " + num(MT_EV_EXEC) + " to " + num(MT_EV_LIBMAP) + ")";
+    case REC_PYFRAME: {
+      *j = json::parse(p.begin(), p.end(), nullptr, false);
+      if (j->is_discarded() || !j->is_object()) return "python frame record: not a JSON object";
+      auto id = j->find("id"), fn = j->find("function"), file = j->find("file"), line = j->find("line");
+      if (id == j->end() || !id->is_number_unsigned() || id->get<uint64_t>() == 0 || id->get<uint64_t>() > (1u << 24))
+        return "python frame record: id not a number from 1 to 2^24";
+      if (fn == j->end() || !fn->is_string() || file == j->end() || !file->is_string())
+        return "python frame record: function or file not a string";
+      if (line == j->end() || !line->is_number_integer()) return "python frame record: line not an integer";
+      return "";
+    }
     case REC_MAPS:
     case REC_PERFMAP:
     case REC_END: {
@@ -388,6 +399,8 @@ RecordedFile read_recording(std::istream& in, const std::function<void(const nlo
   // fewer frames (readable: every stack fits this build's).
   StackLayout sl;
   const bool older_stacks = sz[4] >= 1 && sz[4] < MT_MAX_FRAMES && sz[2] == MT_STACK_BYTES(uint64_t{sz[4]});
+  // Builds before the Python frames' slots (issue 32): the same variable-size records.
+  if (sz[4] == MT_MAX_FRAMES && sz[2] == MT_STACK_BYTES(uint64_t{MT_MAX_FRAMES})) sz[2] = want[2];
   if (older_stacks) sl = StackLayout{sz[4], sz[2]};
   if (sz[0] != want[0] || sz[1] != want[1] || sz[3] != want[3] || sz[5] != want[5] ||
       !((sz[2] == want[2] && sz[4] == want[4]) || older_stacks)) {
@@ -419,9 +432,9 @@ RecordedFile read_recording(std::istream& in, const std::function<void(const nlo
       return fail(at, "truncated record at offset " + num(at) + ": the file ends " + num(got) +
                           " bytes into the record's 12-byte header (" + num(src.size_or_end()) + " bytes)");
     const uint32_t type = rh[0], len = rh[1];
-    if (type < REC_EVENT || type > REC_PERFMAP)
+    if (type < REC_EVENT || type > REC_PYFRAME)
       return fail(at, "corrupt record at offset " + num(at) + ": type " + num(type) + " (records are of types " +
-                          num(REC_EVENT) + " to " + num(REC_PERFMAP) + ")");
+                          num(REC_EVENT) + " to " + num(REC_PYFRAME) + ")");
     if (auto left = src.left(); left && *left < len)
       return fail(at, std::string(len > kRecMaxPayload ? "corrupt" : "truncated") + " record at offset " + num(at) +
                           ": length " + num(len) + " past the end of the file (" + num(*src.size()) + " bytes)");

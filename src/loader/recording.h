@@ -16,6 +16,9 @@
 //     REC_PERFMAP JSON {"pid", "text"}: bytes of the process's perf map
 //                (/tmp/perf-PID.map, JIT code names), in order (a map larger
 //                than a record comes in several), written before REC_END
+//     REC_PYFRAME JSON {"id", "function", "file", "line"}: a Python frame (src/python)
+//                that stack records (spliced before they are written) name as
+//                heap::kPyFrameTag | id; written before the first stack using it
 //     REC_END    JSON {"processes": [{"pid","ppid","comm","exited","exit_status"}],
 //                "dropped", "stats", "errors", "mono_ns"}: final state at the
 //                end of tracing, the last record; its absence means the file is truncated.
@@ -47,7 +50,7 @@ inline constexpr char kRecMagic[8] = {'M', 'T', 'R', 'A', 'C', 'E', 0, 1};
 inline constexpr uint32_t kRecVersion = 1;
 inline constexpr uint32_t kRecMaxPayload = 16u << 20;
 
-enum RecType : uint32_t { REC_EVENT = 1, REC_PROC = 2, REC_MAPS = 3, REC_END = 4, REC_PERFMAP = 5 };
+enum RecType : uint32_t { REC_EVENT = 1, REC_PROC = 2, REC_MAPS = 3, REC_END = 4, REC_PERFMAP = 5, REC_PYFRAME = 6 };
 
 uint32_t fnv1a(const void* data, size_t len);
 // Hex build-id of the ELF file at path ("" if none or unreadable), cached by path+dev+inode.

@@ -69,6 +69,7 @@ class ReplayResolver {
   void perf_text(pid_t pid, const std::string& text) { jit_[pid].feed(text); }
 
   std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc, bool ret) {
+    if (addr & heap::kPyFrameTag) return {python_frame(&py_, addr)};
     auto jit = jit_.find(p.pid);
     auto named = [&](uint64_t at) -> std::optional<report::FrameOut> {
       if (jit == jit_.end()) return std::nullopt;
@@ -99,6 +100,7 @@ class ReplayResolver {
     };
   }
   const std::vector<std::string>& notes() const { return notes_; }
+  python::FrameTable py_;  // REC_PYFRAME records
 
  private:
   // The file to read for a recorded mapping: one with the recorded build-id
@@ -235,6 +237,11 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
       }
       case REC_PERFMAP:
         res.perf_text(r.json["pid"].get<pid_t>(), r.json["text"].get<std::string>());
+        break;
+      case REC_PYFRAME:
+        res.py_.put(r.json["id"].get<uint32_t>(), python::PyFrame{r.json["function"].get<std::string>(),
+                                                                  r.json["file"].get<std::string>(),
+                                                                  r.json["line"].get<int>()});
         break;
       case REC_END:
         end = r.json;

@@ -85,6 +85,21 @@ bool jit_candidate(const std::vector<report::FrameOut>& frames) {
           frames[0].unknown == symbolize::to_string(symbolize::Unknown::Unmapped));
 }
 
+report::FrameOut python_frame(const python::FrameTable* t, uint64_t addr) {
+  report::FrameOut f;
+  f.address = addr;
+  f.module = "python";
+  const python::PyFrame* pf = t ? t->find(static_cast<uint32_t>(addr & ~heap::kPyFrameTag)) : nullptr;
+  if (!pf) {
+    f.unknown = "python frame not recorded";
+    return f;
+  }
+  f.function = pf->function;
+  f.file = pf->file;
+  f.line = pf->line;
+  return f;
+}
+
 std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
                                               bool return_address) {
   return frames_of(sym.symbolize_at(loc.module, loc.offset, return_address), addr);
@@ -759,6 +774,7 @@ std::vector<std::pair<pid_t, std::string>> Resolver::perf_map_texts() {
 
 std::vector<report::FrameOut> Resolver::resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,
                                                 bool return_address) {
+  if (addr & heap::kPyFrameTag) return {python_frame(py_, addr)};
   auto named = [&](uint64_t at) -> std::optional<report::FrameOut> {
     const symbolize::PerfMap* m = perf_map(p.pid, false);
     auto f = m ? jit_frame(*m, at, return_address, "/tmp/perf-" + std::to_string(p.pid) + ".map") : std::nullopt;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "heap/heap_model.h"
+#include "python/python.h"
 #include "report/report.h"
 #include "symbolize/perf_map.h"
 #include "symbolize/symbolize.h"
@@ -52,6 +53,9 @@ std::optional<report::FrameOut> jit_frame(const symbolize::PerfMap& m, uint64_t 
 // Whether resolve_frames found nothing for a frame a perf map may name
 // (anonymous executable memory, or no mapping: code made since the read).
 bool jit_candidate(const std::vector<report::FrameOut>& frames);
+// A Python frame (addr & heap::kPyFrameTag: its id in t) as a report frame:
+// "qualname (file.py:line)", module "python".
+report::FrameOut python_frame(const python::FrameTable* t, uint64_t addr);
 // Frames of a sealed stack's location (addr: where it was, for show).
 std::vector<report::FrameOut> location_frames(symbolize::Symbolizer& sym, const heap::Loc& loc, uint64_t addr,
                                               bool return_address);
@@ -107,6 +111,8 @@ class Resolver {
   heap::ImageMap map_of(const heap::Process& p);
   std::vector<report::FrameOut> resolve(const heap::Process& p, uint64_t addr, const heap::Loc* loc,
                                         bool return_address);
+  // Python frames' names (src/python): the tracer's table.
+  void set_python(const python::FrameTable* t) { py_ = t; }
   // The final report: debuginfod may be asked from now on (symbolize.h).
   void allow_debuginfod() { sym_.allow_debuginfod(); }
   report::Resolver fn() {
@@ -125,6 +131,7 @@ class Resolver {
   const symbolize::PerfMap* perf_map(pid_t pid, bool refresh);
 
  private:
+  const python::FrameTable* py_ = nullptr;
   struct Image {
     Image(uint64_t id, std::shared_ptr<SpaceNode> n);
     uint64_t exec_id = 0;  // 0: the image running when first seen (or a fork's)

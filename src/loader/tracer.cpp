@@ -52,6 +52,10 @@ Tracer::Tracer(Options o)
         return so;
       }()) {
   system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty();
+  resolver_.set_python(&py_frames_);
+  py_frames_.on_new = [this](uint32_t id, const python::PyFrame& f) {
+    if (feat_) feat_->python_frame(id, f.function, f.file, f.line);
+  };
   if (const char* c = getenv("MEMTRACE_TEST_UNREADABLE_COMM")) o_.test_unreadable_comm = c;
   // Mappings rebuilt from the kernel's records go into a recording too.
   resolver_.on_given([this](pid_t pid, const std::vector<procfs::Mapping>& maps) {
@@ -163,6 +167,9 @@ Result<void> Tracer::load() {
 
   bool cfi = o_.stacks && o_.cfi;
   skel_->rodata->unwind_disabled = !cfi;
+#if defined(__x86_64__)
+  skel_->rodata->python_frames = o_.stacks && o_.python_frames != python::Mode::Off && !o_.inject;
+#endif
   if (!cfi) bpf_map__set_max_entries(skel_->maps.unwind_shards, 1);
   {
     // The walk memo is per CPU: up to 1024 entries, within 32 MiB in all
@@ -286,6 +293,7 @@ void Tracer::set_target_state(pid_t pid, uint32_t state, uint32_t follow) {
 // Unwind tables for pid's executable mappings (refreshes: also after exec,
 // dlopen). Failures leave the frame-pointer fallback; they are noted once.
 void Tracer::unwind_add(Snapshot& snap) {
+  python_add(snap.pid(), snap.maps());  // every read of new code comes here: CPython found once it is mapped
   if (!unwind_) return;
   pid_t pid = snap.pid();
   const auto* maps = snap.maps();

@@ -80,6 +80,9 @@ struct Options {
   // mmap/brk, exec/fork/exit.
   bool inject = false;
   size_t inject_ring_mb = 64;
+  // --python-frames (issue 32, src/python): CPython frames spliced into the
+  // stacks of processes that run it (BPF path, x86-64).
+  python::Mode python_frames = python::Mode::On;
 };
 
 class Tracer {
@@ -200,6 +203,27 @@ class Tracer {
   std::unique_ptr<Attacher> attacher_;
   std::unique_ptr<unwind::UnwindMaps> unwind_;  // null: frame pointers only
   void unwind_add(Snapshot& snap);
+  // Python frames (tracer_python.cpp): CPython found in a process (its
+  // py_procs entry for the BPF walk), the frames of a stack record spliced.
+  struct PyProc {
+    python::Interpreter in;
+    python::CodeTable codes;                  // from its MT_EV_PYCODE records
+    std::unique_ptr<python::CodeReader> code;  // what those could not carry, read while it lives
+    bool exited = false;  // its stacks still queued are named from the cache
+  };
+  bool py_seen_ = false;  // some process ran CPython: its counters are reported
+  std::map<pid_t, PyProc> py_;
+  python::FrameTable py_frames_;
+  python::Counts py_counts_;
+  std::set<std::string> py_unsupported_;  // lines said once
+  uint64_t py_gone_ = 0;                  // Python frames of a process no longer known: dropped
+  void python_add(pid_t pid, const std::vector<procfs::Mapping>* maps);
+  void python_forget(pid_t pid, bool exited = false);
+  // A stack record with Python pairs, spliced into out (false: leave it as it is).
+  bool python_splice(const void* data, size_t len, std::vector<char>& out);
+  void python_drops(report::Drops& d) const;
+  void python_code(const void* data, size_t len);  // an MT_EV_PYCODE record
+  uint64_t py_code_records_ = 0, py_code_fallback_ = 0;
   heap::HeapModel model_;
   Resolver resolver_;
   size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks

@@ -56,6 +56,17 @@ bool Tracer::release_held() {
 }
 
 void Tracer::apply_event(void* data, size_t len) {
+  // Python frames spliced first: the model and a recording get the stack as reported.
+  if (len >= sizeof(mt_hdr) && static_cast<const mt_hdr*>(data)->kind == MT_EV_PYCODE) {
+    python_code(data, len);  // the tool's own: not the model's, not recorded
+    return;
+  }
+  std::vector<char> spliced;
+  if (len >= MT_STACK_HDR_BYTES && static_cast<const mt_hdr*>(data)->kind == MT_EV_STACK &&
+      python_splice(data, len, spliced)) {
+    data = spliced.data();
+    len = spliced.size();
+  }
   std::optional<Snapshot> snap;  // read only for new code
   const std::vector<MapEntry>* maps = nullptr;
   if (len >= sizeof(mt_event)) {
@@ -134,6 +145,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
       procs_[pid].probes.reset();
       procs_[pid].objects.clear();
       procs_[pid].attached = false;
+      python_forget(pid);  // the old image's interpreter
       unwind_add(snap);  // the new image (and ld.so) even before an allocator is mapped
       procs_[pid].injected = false;  // its agent went with its old image
       handed_over_.erase(pid);       // the old image's records are in (drained above)
@@ -198,6 +210,7 @@ int Tracer::on_proc_event(void* data, size_t len) {
         it->second.exited = true;
       }
       if (unwind_) unwind_->remove_process(pid);
+      python_forget(pid, true);
       last_read_ns_.erase(pid);
       exec_ids_.erase(pid);
       exec_comms_.erase(pid);

@@ -43,13 +43,17 @@ const char* counter_name(int c) {
     case MT_C_FAULTS_FILTERED: return "faults_filtered";
     case MT_C_FAULT_RINGBUF_FULL: return "fault_ringbuf";
     case MT_C_FAULT_VMA_BUSY: return "fault_vma_unchecked";
+    case MT_C_PY_NO_TSTATE: return "python_no_thread_state";
+    case MT_C_PY_READ_FAILED: return "python_frames_unreadable";
+    case MT_C_PY_CUT: return "python_frames_cut";
+    case MT_C_PY_CODE_RINGBUF_FULL: return "python_code_ringbuf";
   }
   return "?";
 }
 
 bool counter_is_loss(int c) {
   return c != MT_C_NESTED && c != MT_C_FAULTS_FILTERED && c != MT_C_STACK_TRUNCATED &&
-         c != MT_C_FAULT_VMA_BUSY;
+         c != MT_C_FAULT_VMA_BUSY && c != MT_C_PY_NO_TSTATE;
 }
 
 }  // namespace
@@ -73,6 +77,7 @@ report::Drops Tracer::drops() {
   // event is counted where it is lost (ringbuf, inflight_map_full, ...).
   d.stats["frees_of_unseen_blocks"] = unknown;
   d.stats["mappings_not_captured"] = resolver_.never_captured();  // processes, not events
+  python_drops(d);
   d.stats["mappings_incomplete"] = resolver_.incomplete();        // gone before a library's mapping was read
   // Of those: mappings rebuilt from the kernel's records, and records whose file was not found.
   d.stats["mappings_from_kernel"] = resolver_.kernel_given();

@@ -90,7 +90,9 @@ std::vector<uint64_t> path_of(const heap::HeapModel& m, uint64_t stack_id) {
   if (st->truncated) path.push_back(kTruncated);
   if (st->sealed)
     for (auto l = st->locs.rbegin(); l != st->locs.rend(); ++l)
-      path.push_back(uint64_t{l->module} << kLocShift | (l->offset & ((uint64_t{1} << kLocShift) - 1)));
+      path.push_back(l->module == heap::kPyModule
+                         ? heap::kPyFrameTag | l->offset  // a Python frame: its tagged id
+                         : uint64_t{l->module} << kLocShift | (l->offset & ((uint64_t{1} << kLocShift) - 1)));
   else
     path.insert(path.end(), st->ips.rbegin(), st->ips.rend());
   return path;
@@ -132,7 +134,7 @@ class PathFrames {
     }
     // Every recorded address is a return address (the caller's call site).
     std::vector<FrameOut> fs;
-    if (p_.sealed) {
+    if (p_.sealed && !(ip & heap::kPyFrameTag)) {
       heap::Loc l{static_cast<uint32_t>(ip >> kLocShift), ip & ((uint64_t{1} << kLocShift) - 1)};
       fs = r_(p_, heap::address_of(p_, l), &l, true);
     } else {

@@ -727,6 +727,8 @@ Result<CfiTable> build_cfi_table(const elf::Image& img) {
     return a.debug_frame < b.debug_frame;
   });
   if (fdes.empty()) return t;
+  for (const auto& f : fdes)
+    if (!f.synthetic) t.fde_ranges.emplace_back(f.begin, f.end);
   uint64_t lo = fdes.front().begin, hi = 0;
   for (auto& f : fdes) hi = std::max(hi, f.end);
   t.base = lo & ~uint64_t(0xfff);

@@ -51,6 +51,9 @@ struct CfiTable {
   size_t fdes_debug_frame = 0;        // of which from .debug_frame
   size_t fdes_skipped = 0;            // overlapping / empty / unreadable
   size_t rows_unsupported = 0;
+  // [begin, end) of every FDE used, sorted: the functions the CFI knows,
+  // named or not (a stripped file's .cold parts: src/python).
+  std::vector<std::pair<uint64_t, uint64_t>> fde_ranges;
 
   size_t bytes() const { return rows.size() * sizeof(mt_unwind_row); }
   // Row covering ELF vaddr (nullptr: before the first row / beyond 4 GiB).

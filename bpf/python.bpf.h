@@ -1,0 +1,264 @@
+/* Python frames at an allocator hit (issue 32): the calling thread's own
+ * CPython frame chain, read through the interpreter's TSS key and glibc's
+ * TSD (struct mt_py_proc in memtrace.h says where), appended to the stack
+ * record as (code object, prev_instr | MT_PY_ENTRY) pairs and folded into
+ * its hash. Included by memtrace.bpf.c after count().
+ *
+ * x86-64 only (fsbase from the task; arm64's tpidr_el0 and glibc's TCB
+ * there are not done), full build only (the code records' loop is
+ * bpf_loop, 5.17): elsewhere it adds nothing. Cost: five reads to get
+ * to the innermost frame, one MT_PY_WINDOW-byte read per frame. */
+#ifndef MT_PYTHON_BPF_H
+#define MT_PYTHON_BPF_H
+
+const volatile bool python_frames = false; /* --python-frames on|only and a CPython seen */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* tgid */
+	__type(value, struct mt_py_proc);
+} py_procs SEC(".maps");
+
+/* One frame's window (a map value: its bytes are read at offsets the
+ * loader gives, which a 5.10 verifier refuses on the BPF stack). */
+struct mt_py_window {
+	__u8 b[128];
+};
+#define MT_PYC_WINDOW 80 /* a code object's bytes from co_firstlineno on (3.11: 72..151) */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_py_window);
+} py_window SEC(".maps");
+
+static __always_inline __u64 mt_py_u64(const struct mt_py_window *w, __u32 off)
+{
+	if (off > MT_PY_WINDOW - 8)
+		off = MT_PY_WINDOW - 8;
+	return *(const __u64 *)&w->b[off];
+}
+
+/* Code objects already sent (MT_EV_PYCODE), by tgid, address and
+ * fingerprint. LRU: one evicted is sent again (harmless). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 16);
+	__type(key, struct mt_py_code_key);
+	__type(value, __u8);
+} py_code_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_py_code);
+} py_code_scratch SEC(".maps");
+
+static __always_inline __u32 mt_py_u32(const struct mt_py_window *w, __u32 off)
+{
+	if (off > MT_PYC_WINDOW - 4)
+		off = MT_PYC_WINDOW - 4;
+	return *(const __u32 *)&w->b[off];
+}
+
+static __always_inline __u64 mt_pyc_u64(const struct mt_py_window *w, __u32 off)
+{
+	if (off > MT_PYC_WINDOW - 8)
+		off = MT_PYC_WINDOW - 8;
+	return *(const __u64 *)&w->b[off];
+}
+
+#if defined(__TARGET_ARCH_x86) && !defined(MT_COMPAT)
+/* A compact ASCII str's characters into out (NUL-ended); false: not one. */
+static __always_inline bool mt_py_str(const struct mt_py_proc *pp, __u64 str, char *out, __u32 size)
+{
+	__u32 state = 0;
+	out[0] = 0;
+	if (!str || bpf_probe_read_user(&state, sizeof(state), (void *)(str + pp->str_state)))
+		return false;
+	if (!((state >> 5) & 1) || !((state >> 6) & 1)) /* compact, ascii */
+		return false;
+	return bpf_probe_read_user_str(out, size, (void *)(str + pp->str_ascii_data)) > 0;
+}
+#endif
+
+/* A new stack's code objects not sent yet, each as an MT_EV_PYCODE record
+ * ahead of the stack (its pairs after its nr native frames in
+ * stack_scratch). One bpf_loop step per Python frame: a bounded loop of
+ * these made the verifier walk every path of every iteration (minutes). */
+struct mt_pyc_ctx {
+	__u64 pid_tgid;
+	__u32 n, py;
+};
+
+#if defined(__TARGET_ARCH_x86) && !defined(MT_COMPAT)
+static long mt_pyc_step(__u32 i, void *data)
+{
+	struct mt_pyc_ctx *c = data;
+	struct mt_py_code_key k = {};
+	struct mt_py_proc *pp;
+	struct mt_py_window *w;
+	struct mt_py_code *rec;
+	struct mt_stack *s;
+	__u32 zero = 0, tgid = c->pid_tgid >> 32, len;
+	__u64 code, lt = 0, size = 0;
+	__u8 one = 1;
+
+	if (i >= c->py)
+		return 1;
+	pp = bpf_map_lookup_elem(&py_procs, &tgid);
+	w = bpf_map_lookup_elem(&py_window, &zero);
+	rec = bpf_map_lookup_elem(&py_code_scratch, &zero);
+	s = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!pp || !w || !rec || !s)
+		return 1;
+	code = s->ips[(c->n + 2 * i) & (MT_STACK_SLOTS - 1)];
+	if (bpf_probe_read_user(w->b, MT_PYC_WINDOW, (void *)(code + pp->co_firstlineno)))
+		return 0; /* the loader names it "?" (python_code_unreadable) */
+	k.tgid = tgid;
+	k.code = code;
+	k.first_line = (__s32)mt_py_u32(w, 0);
+	k.name = mt_pyc_u64(w, pp->co_qualname - pp->co_firstlineno);
+	k.file = mt_pyc_u64(w, pp->co_filename - pp->co_firstlineno);
+	if (bpf_map_lookup_elem(&py_code_seen, &k))
+		return 0;
+	lt = mt_pyc_u64(w, pp->co_linetable - pp->co_firstlineno);
+	fill_hdr(&rec->h, MT_EV_PYCODE, 0, c->pid_tgid);
+	rec->code = code;
+	rec->first_line = k.first_line;
+	rec->flags = 0;
+	rec->table_len = 0;
+	if (!mt_py_str(pp, k.name, rec->name, MT_PY_NAME_LEN) || !mt_py_str(pp, k.file, rec->file, MT_PY_FILE_LEN))
+		rec->flags |= MT_PYC_NONASCII;
+	if (!lt || bpf_probe_read_user(&size, sizeof(size), (void *)(lt + pp->bytes_size))) {
+		rec->flags |= MT_PYC_UNREADABLE;
+	} else {
+		if (size > MT_PY_TABLE_LEN)
+			rec->flags |= MT_PYC_TABLE_CUT;
+		len = size > MT_PY_TABLE_LEN ? MT_PY_TABLE_LEN : (__u32)size;
+		len &= (MT_PY_TABLE_LEN * 2 - 1);
+		if (len > MT_PY_TABLE_LEN)
+			len = MT_PY_TABLE_LEN;
+		if (len && bpf_probe_read_user(rec->table, len, (void *)(lt + pp->bytes_data)))
+			rec->flags |= MT_PYC_UNREADABLE;
+		else
+			rec->table_len = len;
+	}
+	if (bpf_ringbuf_output(&events, rec, sizeof(*rec), rb_flags())) {
+		count(MT_C_PY_CODE_RINGBUF_FULL);
+		return 0;
+	}
+	bpf_map_update_elem(&py_code_seen, &k, &one, BPF_ANY);
+	return 0;
+}
+
+static __always_inline void mt_py_send_codes(struct mt_stack *s, __u64 pid_tgid)
+{
+	struct mt_pyc_ctx c = {.pid_tgid = pid_tgid, .n = s->nr, .py = s->py_nr};
+	if (!c.py)
+		return;
+	if (c.n > MT_MAX_FRAMES)
+		c.n = MT_MAX_FRAMES;
+	bpf_loop(MT_MAX_PY_FRAMES, mt_pyc_step, &c, 0);
+}
+#else
+/* The compat build (kernels before 5.17: no bpf_loop) and arm64: no Python frames. */
+static __always_inline void mt_py_send_codes(struct mt_stack *s, __u64 pid_tgid) {}
+#endif
+
+/* s: the stack with its native frames (s->nr); h: their hash. Returns the
+ * hash with the Python pairs folded in; sets s->py_nr. */
+static __always_inline __u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
+{
+	s->py_nr = 0;
+#if defined(__TARGET_ARCH_x86) && !defined(MT_COMPAT)
+	struct mt_py_proc *pp;
+	struct mt_py_window *w;
+	__u32 zero = 0, n, py = 0;
+	__s32 tss[2];
+	__u64 fsbase, tstate = 0, cframe = 0, frame = 0;
+
+	if (!python_frames)
+		return h;
+	pp = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!pp)
+		return h;
+	w = bpf_map_lookup_elem(&py_window, &zero);
+	if (!w)
+		return h;
+	/* autoTSSkey: {int _is_initialized; pthread_key_t _key} */
+	if (bpf_probe_read_user(tss, sizeof(tss), (void *)pp->tss_addr)) {
+		count(MT_C_PY_READ_FAILED);
+		return h;
+	}
+	if (!tss[0] || tss[1] < 0 || tss[1] >= 32) {
+		/* not initialized yet (start-up), or a key past glibc's first block */
+		count(tss[0] && tss[1] >= 32 ? MT_C_PY_READ_FAILED : MT_C_PY_NO_TSTATE);
+		return h;
+	}
+#ifndef MT_COMPAT
+	fsbase = bpf_get_current_task_btf()->thread.fsbase;
+#else
+	{
+		struct task_struct *t = (void *)bpf_get_current_task();
+		fsbase = BPF_CORE_READ(t, thread.fsbase);
+	}
+#endif
+	if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)(fsbase + pp->tsd_off + (__u64)tss[1] * 16 + 8))) {
+		count(MT_C_PY_READ_FAILED);
+		return h;
+	}
+	if (!tstate) {
+		count(MT_C_PY_NO_TSTATE);
+		return h;
+	}
+	if (bpf_probe_read_user(&cframe, sizeof(cframe), (void *)(tstate + pp->tstate_cframe))) {
+		count(MT_C_PY_READ_FAILED);
+		return h;
+	}
+	if (!cframe) { /* a thread state being made or torn down: no frames */
+		count(MT_C_PY_NO_TSTATE);
+		return h;
+	}
+	if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + pp->cframe_current))) {
+		count(MT_C_PY_READ_FAILED);
+		return h;
+	}
+	n = s->nr;
+	if (n > MT_MAX_FRAMES)
+		n = MT_MAX_FRAMES;
+	for (int i = 0; i < MT_MAX_PY_FRAMES + 1; i++) {
+		__u64 code, instr;
+		__u32 e;
+		if (!frame)
+			break;
+		if (i == MT_MAX_PY_FRAMES) {
+			count(MT_C_PY_CUT);
+			break;
+		}
+		if (bpf_probe_read_user(w->b, MT_PY_WINDOW, (void *)(frame + pp->frame_window))) {
+			count(MT_C_PY_READ_FAILED);
+			break;
+		}
+		code = mt_py_u64(w, pp->w_code);
+		instr = mt_py_u64(w, pp->w_prev_instr);
+		e = pp->w_is_entry;
+		if (e > MT_PY_WINDOW - 1)
+			e = MT_PY_WINDOW - 1;
+		if (w->b[e])
+			instr |= MT_PY_ENTRY;
+		s->ips[(n + 2 * py) & (MT_STACK_SLOTS - 1)] = code;
+		s->ips[(n + 2 * py + 1) & (MT_STACK_SLOTS - 1)] = instr;
+		h = mt_hash_step(h, code);
+		h = mt_hash_step(h, instr);
+		py++;
+		frame = mt_py_u64(w, pp->w_previous);
+	}
+	s->py_nr = py;
+#endif
+	return h ? h : 1;
+}
+
+#endif

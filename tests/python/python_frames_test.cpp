@@ -1,0 +1,319 @@
+// Python frames in allocation stacks (issue 32), on Debian 12's
+// /usr/bin/python3.11: the pieces of src/python against a real interpreter,
+// and the BPF path against tracemalloc (the program's own oracle:
+// tests/python/py_frames_target.py prints what it charges to its line).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <regex>
+
+#include "harness.h"
+#include "procfs/proc_maps.h"
+#include "memtrace.h"
+#include "python/python.h"
+#include "shell.h"
+#include "test_env.h"
+
+using namespace memtrace::testing;
+using nlohmann::json;
+namespace py = memtrace::python;
+
+namespace {
+
+const char* kPython = "/usr/bin/python3.11";
+std::string script() { return std::string(SCRIPT_DIR) + "/py_frames_target.py"; }
+
+// "line 17 all 122600 bytes 81 blocks big 120040 bytes 40 blocks"
+struct Oracle {
+  int line = 0;
+  long all_bytes = 0, all_blocks = 0, big_bytes = 0, big_blocks = 0;
+  std::string chain;
+};
+Oracle parse_oracle(const std::string& out) {
+  Oracle o;
+  auto at = out.find("line ");
+  if (at != std::string::npos)
+    sscanf(out.c_str() + at, "line %d all %ld bytes %ld blocks big %ld bytes %ld blocks", &o.line, &o.all_bytes,
+           &o.all_blocks, &o.big_bytes, &o.big_blocks);
+  if (auto c = out.find("chain "); c != std::string::npos) o.chain = out.substr(c + 6, out.find('\n', c) - c - 6);
+  return o;
+}
+
+// A report stack's Python frames, innermost first: "name:line" of frames in module "python".
+std::string py_chain(const json& stack, std::vector<std::string>* names = nullptr) {
+  std::string s;
+  for (const auto& f : stack) {
+    if (f.value("module", "") != "python") continue;
+    std::string file = f.value("file", "");
+    file = file.substr(file.rfind('/') + 1);
+    if (!s.empty()) s += " < ";
+    s += file + ":" + std::to_string(f.value("line", 0));
+    if (names) names->push_back(f.value("function", ""));
+  }
+  return s;
+}
+
+class Python : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(kPython, X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no /usr/bin/python3.11 (Debian 12's python3.11)");
+  }
+};
+
+class PythonBpf : public Python {
+ protected:
+  void SetUp() override {
+    Python::SetUp();
+    if (IsSkipped()) return;
+    MEMTRACE_REQUIRE_ROOT();
+    if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no BTF: BPF CO-RE unavailable");
+  }
+};
+
+// The interpreter found in a live python3.11: version, _PyEval_EvalFrameDefault
+// and its .cold part (checked against the debug file's symbols: the binary is stripped).
+TEST_F(Python, DetectsDebianPython311AndItsColdPart) {
+  Child c = spawn({kPython, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"});
+  std::string acc;
+  ASSERT_TRUE(read_until(c.out, "ready", &acc));
+  auto maps = memtrace::procfs::read_maps(c.pid);
+  ASSERT_TRUE(maps);
+  py::Detected d = py::detect(*maps);
+  close(c.in);
+  wait_exit(c.pid);
+  ASSERT_TRUE(d.interp) << d.unsupported;
+  EXPECT_EQ(d.interp->major, 3);
+  EXPECT_EQ(d.interp->minor, 11);
+  ASSERT_GE(d.interp->eval.size(), 2u);
+  // The debug file's _PyEval_EvalFrameDefault and _PyEval_EvalFrameDefault.cold.
+  std::string bid = shell_output("readelf -n /usr/bin/python3.11 | awk '/Build ID/{printf \"%s\", $3}'");
+  ASSERT_GT(bid.size(), 2u);
+  std::string syms = shell_output("readelf -Ws /usr/lib/debug/.build-id/" + bid.substr(0, 2) + "/" + bid.substr(2) +
+                                  ".debug 2>/dev/null | awk '$8 ~ /^_PyEval_EvalFrameDefault(\\.cold)?$/ "
+                                  "{print $8, $2, $3}'");
+  if (syms.empty()) MEMTRACE_SKIP_OR_FAIL("python3.11-dbg's debug file missing");
+  std::map<std::string, std::pair<uint64_t, uint64_t>> want;
+  std::istringstream in(syms);
+  std::string name, addr;
+  uint64_t size;
+  while (in >> name >> addr >> size) want[name] = {std::stoull(addr, nullptr, 16), size};
+  ASSERT_TRUE(want.count("_PyEval_EvalFrameDefault.cold")) << syms;
+  EXPECT_EQ(d.interp->eval[0].first, want["_PyEval_EvalFrameDefault"].first);
+  EXPECT_EQ(d.interp->eval[0].second - d.interp->eval[0].first, want["_PyEval_EvalFrameDefault"].second);
+  bool cold = false;
+  for (size_t i = 1; i < d.interp->eval.size(); i++)
+    if (d.interp->eval[i].first == want["_PyEval_EvalFrameDefault.cold"].first &&
+        d.interp->eval[i].second - d.interp->eval[i].first == want["_PyEval_EvalFrameDefault.cold"].second)
+      cold = true;
+  EXPECT_TRUE(cold) << "no .cold part at " << std::hex << want["_PyEval_EvalFrameDefault.cold"].first;
+  std::string parts;
+  for (auto [lo, hi] : d.interp->eval) parts += std::to_string(lo) + "-" + std::to_string(hi) + " ";
+  EXPECT_EQ(d.interp->eval.size(), 2u) << "other code taken for a .cold part: " << parts;
+}
+
+// Code objects read from a live process: the names, file and line of a
+// function's instructions, each line as the interpreter's own co_lines says.
+TEST_F(Python, ReadsCodeObjectsAndTheirLinesFromALiveProcess) {
+  std::string prog =
+      "import sys\n"
+      "class K:\n"
+      "    def meth(self, x):\n"
+      "        y = x + 1\n"
+      "        return [y,\n"
+      "                y * 2]\n"
+      "c = K.meth.__code__\n"
+      "print(id(c), flush=True)\n"
+      "for s, e, l in c.co_lines():\n"
+      "    print('L', s, e, l, flush=True)\n"
+      "print('ready', flush=True)\n"
+      "sys.stdin.readline()\n";
+  Child c = spawn({kPython, "-c", prog});
+  std::string acc;
+  ASSERT_TRUE(read_until(c.out, "ready", &acc));
+  auto maps = memtrace::procfs::read_maps(c.pid);
+  ASSERT_TRUE(maps);
+  py::Detected d = py::detect(*maps);
+  ASSERT_TRUE(d.interp);
+  uint64_t code = std::stoull(acc);
+  py::CodeReader r(c.pid, *d.interp);
+  py::Counts counts;
+  std::istringstream in(acc);
+  std::string tok;
+  int checked = 0;
+  while (in >> tok) {
+    if (tok != "L") continue;
+    long s, e;
+    std::string l;
+    in >> s >> e >> l;
+    for (long off = s; off < e; off += 2) {
+      // prev_instr points at the instruction at byte offset off.
+      auto f = r.frame(code, code + 184 + off, counts);
+      ASSERT_TRUE(f);
+      EXPECT_EQ(f->function, "K.meth");
+      EXPECT_EQ(f->file, "<string>");
+      EXPECT_EQ(f->line, l == "None" ? 0 : std::stoi(l)) << "offset " << off;
+      checked++;
+    }
+  }
+  close(c.in);
+  wait_exit(c.pid);
+  EXPECT_GT(checked, 5);
+  EXPECT_EQ(counts.code_unreadable, 0u);
+  // A frame that has not started yet (prev_instr one unit before the code): its first line.
+  EXPECT_EQ(py::line_at(std::string("\x80", 1), 7, -2), 7);
+}
+
+// The splice: native frames in _PyEval_EvalFrameDefault replaced by their
+// evaluation's frames, up to the entry frame; the others stay.
+TEST(PythonSplice, EachEvalFrameTakesItsFramesUpToTheEntryFrame) {
+  py::Interpreter in;
+  in.eval = {{0x1000, 0x2000}, {0x5000, 0x5100}};
+  const uint64_t E = MT_PY_ENTRY;
+  // malloc's caller, eval (hot), a C function, eval (cold), main
+  uint64_t ips[] = {0x9001, 0x1500, 0x9100, 0x5010, 0x9200};
+  uint64_t pairs[] = {10, 1, 11, 2 | E, 12, 3, 13, 4 | E};
+  py::Counts c;
+  bool cut = false;
+  auto name = [](uint64_t code, uint64_t instr) { return (uint64_t{1} << 62) | code << 8 | instr; };
+  auto out = py::splice(ips, 5, pairs, 4, py::Mode::On, in, name, 128, &cut, c);
+  std::vector<uint64_t> want = {0x9001, name(10, 1), name(11, 2), 0x9100, name(12, 3), name(13, 4), 0x9200};
+  EXPECT_EQ(out, want);
+  out = py::splice(ips, 5, pairs, 4, py::Mode::Only, in, name, 128, &cut, c);
+  EXPECT_EQ(out, (std::vector<uint64_t>{name(10, 1), name(11, 2), name(12, 3), name(13, 4)}));
+  out = py::splice(ips, 5, pairs, 4, py::Mode::On, in, name, 3, &cut, c);
+  EXPECT_TRUE(cut);
+  EXPECT_EQ(out.size(), 3u);
+  EXPECT_EQ(c.unspliced, 0u);
+}
+
+// The stacks that hold the 40 blocks of 3,000 bytes: their Python frames as
+// tracemalloc's traceback names them, and the bytes charged to the line.
+struct Charged {
+  long bytes = 0, blocks = 0;
+  std::string chain;
+  std::vector<std::string> names;
+};
+Charged charged(const json& rep, const std::string& comm, int line, long min_size) {
+  Charged ch;
+  const json* p = find_comm(rep, comm);
+  if (!p) return ch;
+  for (const auto& g : p->value("leaks", json::array())) {
+    if (g.value("bytes", 0l) / std::max(1l, g.value("blocks", 1l)) <= min_size) continue;
+    std::vector<std::string> names;
+    std::string c = py_chain(g["stack"], &names);
+    if (c.rfind("py_frames_target.py:" + std::to_string(line) + " ", 0) != 0) continue;
+    ch.bytes += g.value("bytes", 0l);
+    ch.blocks += g.value("blocks", 0l);
+    ch.chain = c;
+    ch.names = names;
+  }
+  return ch;
+}
+
+void expect_same_as_tracemalloc(const ToolRun& r, const Oracle& o) {
+  ASSERT_GT(o.line, 0) << r.out;
+  ASSERT_TRUE(r.report.is_object()) << r.err;
+  Charged ch = charged(r.report, "python3.11", o.line, 512);
+  EXPECT_EQ(ch.chain, o.chain) << r.err;
+  EXPECT_EQ(ch.names, (std::vector<std::string>{"inner", "middle", "outer", "<module>"}));
+  EXPECT_NEAR(double(ch.bytes), double(o.big_bytes), 0.01 * o.big_bytes);
+  EXPECT_NEAR(double(ch.blocks), double(o.big_blocks), 0.01 * o.big_blocks);
+  EXPECT_EQ(r.report["dropped"].value("python_frames_unreadable", 1), 0) << r.report["dropped"].dump();
+  EXPECT_EQ(r.report["dropped"].value("python_code_unreadable", 1), 0);
+}
+
+TEST_F(PythonBpf, LaunchedPythonMallocMallocChargesTracemallocsLines) {
+  setenv("PYTHONMALLOC", "malloc", 1);
+  ToolRun r = run_tool({"--", kPython, script()});
+  unsetenv("PYTHONMALLOC");
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_same_as_tracemalloc(r, parse_oracle(r.out));
+}
+
+TEST_F(PythonBpf, LaunchedDefaultAllocatorChargesTracemallocsLinesOfBigBlocks) {
+  ToolRun r = run_tool({"--", kPython, script()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  Oracle o = parse_oracle(r.out);
+  expect_same_as_tracemalloc(r, o);
+  // The native frames around the Python ones stay: bytearray's C code below them.
+  const json* p = find_comm(r.report, "python3.11");
+  ASSERT_TRUE(p);
+  bool native_inside = false;
+  for (const auto& g : p->value("leaks", json::array()))
+    if (py_chain(g["stack"]).rfind("py_frames_target.py:" + std::to_string(o.line), 0) == 0 &&
+        g["stack"][0].value("module", "") != "python")
+      native_inside = true;
+  EXPECT_TRUE(native_inside);
+}
+
+TEST_F(PythonBpf, OnlyAndOffModes) {
+  ToolRun only = run_tool({"--python-frames=only", "--", kPython, script()});
+  ASSERT_EQ(only.code, 0) << only.err;
+  Oracle o = parse_oracle(only.out);
+  const json* p = find_comm(only.report, "python3.11");
+  ASSERT_TRUE(p);
+  bool seen = false;
+  for (const auto& g : p->value("leaks", json::array())) {
+    if (py_chain(g["stack"]) != o.chain) continue;
+    seen = true;
+    for (const auto& f : g["stack"]) EXPECT_EQ(f.value("module", ""), "python") << f.dump();
+  }
+  EXPECT_TRUE(seen);
+  ToolRun off = run_tool({"--python-frames=off", "--", kPython, script()});
+  ASSERT_EQ(off.code, 0) << off.err;
+  p = find_comm(off.report, "python3.11");
+  ASSERT_TRUE(p);
+  for (const auto& g : p->value("leaks", json::array())) EXPECT_EQ(py_chain(g["stack"]), "");
+}
+
+// A recording keeps the frames' names: replay reports the same Python stack.
+TEST_F(PythonBpf, ReplayNamesThePythonFrames) {
+  std::string rec = "/tmp/memtrace-pyframes-" + std::to_string(getpid()) + ".rec";
+  ToolRun r = run_tool({"--record", rec, "--", kPython, script()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  Oracle o = parse_oracle(r.out);
+  ToolRun rp = run_argv({tool(), "replay", "--format", "json", rec});
+  unlink(rec.c_str());
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  json rep = json::parse(rp.out, nullptr, false);
+  Charged ch = charged(rep, "python3.11", o.line, 512);
+  EXPECT_EQ(ch.chain, o.chain);
+  EXPECT_EQ(ch.blocks, o.big_blocks);
+  // Folded stacks name them too.
+  ToolRun f = run_tool({"-o", "folded:/dev/stdout", "--", kPython, script()});
+  EXPECT_NE(f.out.find("inner (py_frames_target.py:" + std::to_string(o.line) + ")"), std::string::npos) << f.out.substr(0, 2000);
+}
+
+// -p on a running `python3 -m http.server` answering curl: its stacks name
+// the stdlib's Python functions.
+TEST_F(PythonBpf, AttachedHttpServerStacksNamePythonFunctions) {
+  if (access("/usr/bin/curl", X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no curl");
+  int port = 18000 + getpid() % 1000;
+  Child srv = spawn({kPython, "-u", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1",
+                     "--directory", "/usr/share/doc"});
+  std::string acc;
+  ASSERT_TRUE(read_until(srv.out, "Serving HTTP", &acc)) << acc;
+  std::string rep = tmpfile("http");
+  Child tool_c = spawn({tool(), "--format", "json", "-o", rep, "-p", std::to_string(srv.pid), "--duration", "12"});
+  sleep(4);  // attached (the tool's start-up takes ~1.5 s)
+  std::string curl = "for i in $(seq 300); do curl -s -o /dev/null http://127.0.0.1:" + std::to_string(port) +
+                     "/ ; done";
+  ASSERT_EQ(system(curl.c_str()), 0);
+  wait_exit(tool_c.pid);
+  kill(srv.pid, SIGTERM);
+  wait_exit(srv.pid);
+  std::ifstream fi(rep);
+  std::stringstream ss;
+  ss << fi.rdbuf();
+  unlink(rep.c_str());
+  json j = json::parse(ss.str().substr(report_offset(ss.str())), nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  std::string all = j.dump();
+  for (const char* fn : {"\"BaseHTTPRequestHandler.handle_one_request\"", "\"SimpleHTTPRequestHandler.list_directory\"",
+                         "\"BaseServer.serve_forever\""})
+    EXPECT_NE(all.find(fn), std::string::npos) << fn;
+}
+
+}  // namespace
