@@ -289,7 +289,7 @@ static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uint
       s->h.ts = 0;
       s->stack_id = id;
       s->nr = (uint32_t)n;
-      s->pad = 0;
+      s->py_nr = 0;  // no Python frames from the agent (yet)
       memcpy(s->ips, ips, sizeof(uint64_t) * (size_t)n);
       commit(pos, len);
     }
