@@ -16,7 +16,7 @@
 //   FrameTable            every distinct Python frame (function, file, line)
 //                         under a small id; a stack carries it as
 //                         heap::kPyFrameTag | id, the same in every process,
-//                         kept in recordings (REC_PYFRAMES).
+//                         kept in recordings (REC_PYFRAME).
 //   splice(...)           memray's rule: each native frame inside
 //                         _PyEval_EvalFrameDefault is replaced by the Python
 //                         frames that evaluation ran, up to its entry frame.
