@@ -12,7 +12,9 @@ namespace memtrace::report {
 namespace {
 
 std::string describe(const FrameOut& f) {
-  std::string s = hex(f.address) + " ";
+  // A Python frame's address is its tagged id (heap::kPyFrameTag | id):
+  // nothing a reader can look up, so it is left out.
+  std::string s = f.address & heap::kPyFrameTag ? std::string() : hex(f.address) + " ";
   if (!f.function.empty()) {
     s += f.function;
     if (!f.inlined && f.offset) s += "+" + hex(f.offset);

@@ -269,6 +269,24 @@ TEST_F(PythonBpf, OnlyAndOffModes) {
   for (const auto& g : p->value("leaks", json::array())) EXPECT_EQ(py_chain(g["stack"]), "");
 }
 
+// The text report: each Python frame reads "function (file.py:line) in
+// python", without the tagged id that stands for it in the stack tables
+// (0x8000... is no address a reader can look up).
+TEST_F(PythonBpf, TextReportShowsPythonFramesWithoutAnAddress) {
+  std::string rep = tmpfile("pytext");
+  ToolRun r = run_argv({tool(), "--format", "text", "-o", rep, "--", kPython, script()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  Oracle o = parse_oracle(r.out);
+  ASSERT_GT(o.line, 0) << r.out;
+  std::ifstream f(rep);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  unlink(rep.c_str());
+  std::string want = "    inner (" + script() + ":" + std::to_string(o.line) + ") in python\n";
+  EXPECT_NE(ss.str().find(want), std::string::npos) << ss.str().substr(0, 4000);
+  EXPECT_EQ(ss.str().find(" 0x80000000"), std::string::npos);
+}
+
 // A recording keeps the frames' names: replay reports the same Python stack.
 TEST_F(PythonBpf, ReplayNamesThePythonFrames) {
   std::string rec = "/tmp/memtrace-pyframes-" + std::to_string(getpid()) + ".rec";
