@@ -4,7 +4,6 @@
 // and while it follows a fork storm. The BPF side stops processes at exec,
 // fork and new code for the loader; its guardian (src/loader/guardian.h)
 // must resume every one of them, and the targets must run to their end.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -14,6 +13,7 @@
 #include <sstream>
 
 #include "harness.h"
+#include "proc_tasks.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
@@ -28,19 +28,8 @@ struct Task {
 
 std::vector<Task> tasks_named(const std::set<std::string>& comms) {
   std::vector<Task> out;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    pid_t pid = atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-    std::string s;
-    std::getline(f, s);
-    size_t l = s.find('('), r = s.rfind(')');
-    if (l == std::string::npos || r == std::string::npos || r + 2 >= s.size()) continue;
-    std::string comm = s.substr(l + 1, r - l - 1);
-    if (comms.count(comm)) out.push_back({pid, comm, s[r + 2]});
-  }
-  closedir(d);
+  for (const ProcTask& t : proc_tasks())
+    if (comms.count(t.comm)) out.push_back({t.pid, t.comm, t.state});
   return out;
 }
 

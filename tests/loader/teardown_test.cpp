@@ -3,7 +3,6 @@
 // and closes them after the tool. Meanwhile the traced process runs on
 // unharmed, a second run works, and in the end no program or link of the
 // first run is left in the kernel and the guardian is gone.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -11,6 +10,7 @@
 #include <set>
 
 #include "harness.h"
+#include "proc_tasks.h"
 #include "test_env.h"
 
 using namespace memtrace::testing;
@@ -21,19 +21,8 @@ namespace {
 // The child of `parent` named `comm` (the tool's guardian), or -1.
 pid_t child_named(pid_t parent, const std::string& comm) {
   pid_t found = -1;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    pid_t pid = atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-    std::string s;
-    std::getline(f, s);
-    size_t l = s.find('('), r = s.rfind(')');
-    if (l == std::string::npos || r == std::string::npos || r + 4 >= s.size()) continue;
-    pid_t ppid = atoi(s.c_str() + r + 4);
-    if (s.substr(l + 1, r - l - 1) == comm && ppid == parent) found = pid;
-  }
-  closedir(d);
+  for (const ProcTask& t : proc_tasks())
+    if (t.comm == comm && t.ppid == parent) found = t.pid;
   return found;
 }
 
