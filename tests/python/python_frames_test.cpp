@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <regex>
 
@@ -285,6 +287,75 @@ TEST_F(PythonBpf, TextReportShowsPythonFramesWithoutAnAddress) {
   std::string want = "    inner (" + script() + ":" + std::to_string(o.line) + ") in python\n";
   EXPECT_NE(ss.str().find(want), std::string::npos) << ss.str().substr(0, 4000);
   EXPECT_EQ(ss.str().find(" 0x80000000"), std::string::npos);
+}
+
+// gdb's py-bt (Debian's python3.11-dbg) as the oracle for the Python frames
+// of 20 allocations, each under its own call chain and of its own size
+// (py_chains_target.py: chain k makes a block of 4001 + 16k bytes): gdb stops
+// at each of those mallocs and prints the Python stack; the tool's stack of
+// the block of that size must hold the same frames, function and line,
+// innermost first. py-bt names a frame by co_name, the tool by co_qualname
+// ("C.m"): compared on the part after the last dot.
+using PyFrames = std::vector<std::pair<std::string, int>>;
+
+std::map<long, PyFrames> py_bt_of_chains(const std::string& script) {
+  std::string cmds = tmpfile("pybt");
+  {
+    std::ofstream f(cmds);
+    f << "set pagination off\nset confirm off\n"
+      << "break malloc if $rdi >= 4001 && $rdi < 4400 && ($rdi - 4001) % 16 == 0\n"
+      << "commands\nsilent\nprintf \"SIZE %d\\n\", $rdi\npy-bt\ncontinue\nend\nrun\n";
+  }
+  ToolRun g = run_argv({"/usr/bin/gdb", "-q", "-batch", "-nx", "-iex", "set auto-load safe-path /", "-x", cmds,
+                        "--args", kPython, script});
+  unlink(cmds.c_str());
+  std::map<long, PyFrames> out;
+  std::regex file_line(R"re(^\s*File "([^"]*)", line (\d+), in (\S+))re");
+  std::istringstream in(g.out);
+  std::string line;
+  PyFrames* cur = nullptr;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (line.rfind("SIZE ", 0) == 0) {
+      cur = &out[atol(line.c_str() + 5)];
+      cur->clear();
+    } else if (cur && std::regex_search(line, m, file_line) && m[1] == script) {
+      cur->push_back({m[3], std::stoi(m[2])});
+    }
+  }
+  return out;
+}
+
+TEST_F(PythonBpf, PythonFramesEqualGdbPyBtAtTwentyAllocations) {
+  if (access("/usr/bin/gdb", X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no gdb");
+  if (access("/usr/share/gdb/auto-load/usr/bin/python3.11-gdb.py", R_OK) != 0)
+    MEMTRACE_SKIP_OR_FAIL("no py-bt: python3.11-dbg not installed");
+  std::string chains = std::string(SCRIPT_DIR) + "/py_chains_target.py";
+  std::map<long, PyFrames> want = py_bt_of_chains(chains);
+  ASSERT_EQ(want.size(), 20u) << "gdb stopped at " << want.size() << " of the 20 allocations";
+  ToolRun r = run_tool({"--top", "1000", "--", kPython, chains});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json* p = find_comm(r.report, "python3.11");
+  ASSERT_TRUE(p) << r.err;
+  std::map<long, PyFrames> got;
+  for (const auto& g : p->value("leaks", json::array())) {
+    long blocks = g.value("blocks", 0l), size = blocks ? g.value("bytes", 0l) / blocks : 0;
+    if (!want.count(size) || blocks != 1) continue;
+    PyFrames fs;
+    for (const auto& f : g["stack"]) {
+      if (f.value("module", "") != "python" || f.value("file", "") != chains) continue;
+      std::string fn = f.value("function", "");
+      fs.push_back({fn.substr(fn.rfind('.') == std::string::npos ? 0 : fn.rfind('.') + 1), f.value("line", 0)});
+    }
+    got[size] = fs;
+  }
+  int compared = 0;
+  for (const auto& [size, frames] : want) {
+    ASSERT_GE(frames.size(), 3u) << "py-bt at size " << size;
+    EXPECT_EQ(got[size], frames) << "the block of " << size << " bytes";
+    compared += got[size] == frames;
+  }
+  EXPECT_EQ(compared, 20);
 }
 
 // A recording keeps the frames' names: replay reports the same Python stack.
