@@ -214,10 +214,10 @@ Charged charged(const json& rep, const std::string& comm, int line, long min_siz
   return ch;
 }
 
-void expect_same_as_tracemalloc(const ToolRun& r, const Oracle& o) {
+void expect_same_as_tracemalloc(const ToolRun& r, const Oracle& o, const std::string& comm = "python3.11") {
   ASSERT_GT(o.line, 0) << r.out;
   ASSERT_TRUE(r.report.is_object()) << r.err;
-  Charged ch = charged(r.report, "python3.11", o.line, 512);
+  Charged ch = charged(r.report, comm, o.line, 512);
   EXPECT_EQ(ch.chain, o.chain) << r.err;
   EXPECT_EQ(ch.names, (std::vector<std::string>{"inner", "middle", "outer", "<module>"}));
   EXPECT_NEAR(double(ch.bytes), double(o.big_bytes), 0.01 * o.big_bytes);
@@ -249,6 +249,19 @@ TEST_F(PythonBpf, LaunchedDefaultAllocatorChargesTracemallocsLinesOfBigBlocks) {
         g["stack"][0].value("module", "") != "python")
       native_inside = true;
   EXPECT_TRUE(native_inside);
+}
+
+// The interpreter in Debian's libpython3.11.so.1.0, not in the executable
+// (a --enable-shared build, or any program that embeds Python): found by
+// its mapping, the same lines and chain as tracemalloc's.
+TEST_F(PythonBpf, InterpreterInLibpythonChargesTracemallocsLines) {
+#ifndef PY_EMBED
+  MEMTRACE_SKIP_OR_FAIL("no py_embed: libpython3.11-dev (python-3.11-embed.pc) was not found at build time");
+#else
+  ToolRun r = run_tool({"--", PY_EMBED, script()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_same_as_tracemalloc(r, parse_oracle(r.out), "py_embed");
+#endif
 }
 
 TEST_F(PythonBpf, OnlyAndOffModes) {
