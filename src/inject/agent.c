@@ -132,8 +132,13 @@ static inline uint64_t now_ts(void) {
  * host, up to MT_INJ_STALE_MAX_NS). Gone (SIGKILL, OOM): this session's
  * writing is over for good. */
 static int loader_alive(struct view* v) {
-  uint64_t age = now_ns() - __atomic_load_n(&v->hdr->heartbeat_ns, __ATOMIC_RELAXED);
-  if (LIKELY(age <= MT_INJ_STALE_NS)) return 1;
+  /* The heartbeat read after the clock: a drain between the two leaves it
+   * newer than now (an unsigned age would wrap to "stale" and end the
+   * session's records silently). */
+  uint64_t now = now_ns();
+  uint64_t hb = __atomic_load_n(&v->hdr->heartbeat_ns, __ATOMIC_ACQUIRE);
+  if (LIKELY(hb >= now || now - hb <= MT_INJ_STALE_NS)) return 1;
+  uint64_t age = now - hb;
   pid_t loader = (pid_t)v->hdr->loader_pid;
   if (age <= MT_INJ_STALE_MAX_NS && loader > 0 && (kill(loader, 0) == 0 || errno == EPERM)) return 1;
   v->off = 1;
