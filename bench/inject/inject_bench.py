@@ -4,7 +4,7 @@ one run, on W1 (python3 json), W3 (sqlite3) and MT (a multi-threaded
 allocator stress); medians and ratios (issue 21, docs/inject.md).
 
   sudo bench/inject/inject_bench.py [--repeat 5] [--build build]
-       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-fp,inject-got,inject-entry,inject-before]
+       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-sample,inject-fp,inject-got,inject-entry,inject-before]
        [--mt-threads 4] [--mt-rounds 1000000] [--redis-requests 100000]
   sudo bench/inject/inject_bench.py --workloads REDIS --modes untraced,bpf,inject,heaptrack
   sudo bench/inject/inject_bench.py --workloads W1@jemalloc,W3@tcmalloc,MT@mimalloc --modes heaptrack,inject
@@ -212,6 +212,8 @@ def tool_argv(tool, mode, pid, rep):
         return [tool, "--inject"] + base[1:]
     if mode == "inject-fp":
         return [tool, "--inject", "--unwind", "fp"] + base[1:]
+    if mode == "inject-sample":  # issue 34: the documented production rate
+        return [tool, "--inject", "--sample-bytes", "524288"] + base[1:]
     if mode in TOOL_ENV:
         return [tool, "--inject"] + base[1:]
     raise SystemExit("unknown mode " + mode)

@@ -162,13 +162,13 @@ void sample_slow(Process& p, uint64_t ts) {
   if (tl.size() > kTimelinePoints) widen_timeline(p);
 }
 
-void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, bool add) {
+void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, uint64_t blocks, bool add) {
   if (add) {
     sa.live_bytes += bytes;
-    sa.live_blocks++;
+    sa.live_blocks += blocks;
   } else {
     sa.live_bytes -= bytes;
-    sa.live_blocks--;
+    sa.live_blocks -= blocks;
   }
   if (!sa.peak_dirty) {
     sa.peak_dirty = true;
@@ -178,7 +178,7 @@ void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, bool add) {
 
 void born(Process& p, StackAllocs& sa, uint64_t addr, const Block& b, uint32_t tid) {
   last_alloc_of(p, tid) = addr;
-  stack_live(p, sa, b.size, true);
+  stack_live(p, sa, b.size, b.weight, true);
   span_add(spans_of(p, sa, b.stack_id), bucket(p, b.ts), kSpanLive, b.size, true);
 }
 
@@ -203,7 +203,7 @@ bool temporary_free(Process& p, uint32_t tid, uint64_t addr, uint64_t* prev) {
 }
 
 void died(Process& p, StackAllocs& sa, const Block& b, uint64_t ts, bool temporary, bool known) {
-  stack_live(p, sa, b.size, false);
+  stack_live(p, sa, b.size, b.weight, false);
   auto& v = spans_of(p, sa, b.stack_id);
   uint16_t a = bucket(p, b.ts);
   span_add(v, a, kSpanLive, b.size, false);
@@ -218,7 +218,7 @@ void died(Process& p, StackAllocs& sa, const Block& b, uint64_t ts, bool tempora
 
 void revived(Process& p, StackAllocs& sa, const ParkedFree& f, uint32_t tid, uint64_t prev_last) {
   const Block& b = f.block;
-  stack_live(p, sa, b.size, true);
+  stack_live(p, sa, b.size, b.weight, true);
   auto& v = spans_of(p, sa, b.stack_id);
   uint16_t a = bucket(p, b.ts);
   span_add(v, a, bucket(p, f.ts), b.size, false);
@@ -238,7 +238,7 @@ void inherited(Process& c, uint64_t ts) {
     auto& sa = c.stack_allocs[b.stack_id];
     b.stack = &sa;  // the parent's, copied
     sa.live_bytes += b.size;
-    sa.live_blocks++;
+    sa.live_blocks += b.weight;
     sa.peak_bytes = sa.live_bytes;
     sa.peak_blocks = sa.live_blocks;
     span_add(spans_of(c, sa, b.stack_id), bucket(c, b.ts), kSpanLive, b.size, true);

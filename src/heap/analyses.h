@@ -57,7 +57,7 @@ void died(Process& p, StackAllocs& sa, const Block& b, uint64_t ts, bool tempora
 void revived(Process& p, StackAllocs& sa, const ParkedFree& f, uint32_t tid, uint64_t prev_last);
 
 // A block of bytes joins sa's live blocks (add) or leaves them.
-void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, bool add);
+void stack_live(Process& p, StackAllocs& sa, uint64_t bytes, uint64_t blocks, bool add);
 
 // A fork's child c with the live blocks it inherited (c.live) at ts (its
 // parent's last record): its clocks, stacks and spans start there.

@@ -1,6 +1,7 @@
 #include "heap/heap_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "heap/analyses.h"
 #include <cstring>
@@ -108,8 +109,8 @@ void HeapModel::apply(const void* data, size_t len) {
         p.live.emplace(e.addr, b);
         if (faults_) index_add(p, e.addr, b.size);
         p.s.in_use_bytes += b.size;
-        p.s.in_use_blocks++;
-        p.s.frees--;
+        p.s.in_use_blocks += b.weight;
+        p.s.frees -= b.weight;
         analyses::revived(p, stack_of(p, b), it->second, e.h.tid, it->second.prev_last);
         p.realloc_parked.erase(it);
       }
@@ -163,17 +164,29 @@ void HeapModel::apply(const void* data, size_t len) {
 
 void HeapModel::alloc(Process& p, const mt_event& e) {
   if (e.old_addr) p.realloc_parked.erase(e.h.tid);  // realloc succeeded
-  p.s.allocs++;
-  p.s.bytes_allocated += e.size;
+  uint64_t size = e.size, weight = 1;
+  if (sample_bytes_ && e.size) {
+    // A sample of probability 1 - exp(-s/N): it stands for 1/that blocks
+    // (the count rounded up with its fraction's probability, so unbiased).
+    double w = -1.0 / std::expm1(-static_cast<double>(e.size) / static_cast<double>(sample_bytes_));
+    weight_rng_ ^= weight_rng_ << 13;
+    weight_rng_ ^= weight_rng_ >> 7;
+    weight_rng_ ^= weight_rng_ << 17;
+    double u = static_cast<double>(weight_rng_ >> 11) * (1.0 / 9007199254740992.0);
+    weight = static_cast<uint64_t>(w) + (u < w - std::floor(w) ? 1 : 0);
+    size = static_cast<uint64_t>(std::llround(static_cast<double>(e.size) * w));
+  }
+  p.s.allocs += weight;
+  p.s.bytes_allocated += size;
   auto& sa = p.stack_allocs[e.stack_id];
-  sa.allocs++;
-  sa.bytes += e.size;
-  const Block b{e.size, e.stack_id, e.h.ts, false, &sa};
+  sa.allocs += weight;
+  sa.bytes += size;
+  Block b{size, e.stack_id, e.h.ts, false, &sa, weight};
   auto [it, inserted] = p.live.try_emplace(e.addr, b);
   if (!inserted) {
     // A block we believe is live was handed out again: its free was lost.
     p.s.in_use_bytes -= it->second.size;
-    p.s.in_use_blocks--;
+    p.s.in_use_blocks -= it->second.weight;
     analyses::died(p, stack_of(p, it->second), it->second, e.h.ts, false, /*known=*/false);
     it->second = b;
   }
@@ -183,8 +196,8 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
     site.bytes += e.size;
     site.blocks++;
   }
-  p.s.in_use_bytes += e.size;
-  p.s.in_use_blocks++;
+  p.s.in_use_bytes += size;
+  p.s.in_use_blocks += weight;
   analyses::born(p, sa, e.addr, b, e.h.tid);
   if (p.s.in_use_bytes > p.s.peak_in_use_bytes) analyses::new_peak(p, e.h.ts);
 }
@@ -197,9 +210,9 @@ void HeapModel::free_block(Process& p, const mt_event& e) {
     p.s.unknown_frees++;
     return;
   }
-  p.s.frees++;
+  p.s.frees += it->second.weight;
   p.s.in_use_bytes -= it->second.size;
-  p.s.in_use_blocks--;
+  p.s.in_use_blocks -= it->second.weight;
   analyses::died(p, stack_of(p, it->second), it->second, e.h.ts, temporary);
   if (e.role == MT_ROLE_REALLOC || e.role == MT_ROLE_REALLOCARRAY)
     p.realloc_parked[e.h.tid] = ParkedFree{e.addr, it->second, e.h.ts, temporary, prev_last};

@@ -32,6 +32,11 @@ struct Block {
   // The model's own: Process::stack_allocs[stack_id] of the block's process
   // (saves a lookup per free).
   StackAllocs* stack = nullptr;
+  // The blocks it stands for: 1, or under --sample-bytes (issue 34) a
+  // sampled block's weight 1 / (1 - exp(-s / N)), rounded at random (up
+  // with the fraction's probability: unbiased); size is then its bytes'
+  // estimate, s times the weight.
+  uint64_t weight = 1;
 };
 
 // A frame of a sealed stack: an offset in a file. Module ids are the
@@ -317,6 +322,11 @@ class HeapModel {
   ~HeapModel();
   // One record from the events ring buffer (mt_event or mt_stack).
   void apply(const void* data, size_t len);
+  // --sample-bytes N (issue 34): every allocation record is a sample of a
+  // Poisson byte sampler of mean N, weighted (Block::weight) so that the
+  // counters are estimates of the full figures. 0: every call (exact).
+  void set_sample_bytes(uint64_t n) { sample_bytes_ = n; }
+  uint64_t sample_bytes() const { return sample_bytes_; }
 
   Process& process(pid_t pid);
   Process* find(pid_t pid);
@@ -433,6 +443,8 @@ class HeapModel {
   std::map<std::string, Kept> kept_;
   Process* last_ = nullptr;
   uint64_t malformed_ = 0, missing_stacks_ = 0, events_ = 0;
+  uint64_t sample_bytes_ = 0;     // set_sample_bytes
+  uint64_t weight_rng_ = 0x9e3779b97f4a7c15ull;  // the weights' random rounding (xorshift64)
   bool faults_ = false;
   uint64_t faults_before_exec_ = 0;
   RegionLookup lookup_;

@@ -354,6 +354,87 @@ static inline int enter(void) {
 }
 static inline void leave(void) { t_in_hook = 0; }
 
+/* ---- --sample-bytes (issue 34, ring.h sample_bytes): a Poisson byte
+ * sampler per thread, as tcmalloc's. Each thread counts down the bytes to
+ * its next sample (t_left), drawn from an exponential distribution of
+ * mean g_sample; an allocation that takes the count to 0 or below is
+ * sampled (probability 1 - exp(-size / g_sample): the loader's weight is
+ * its inverse) and the next distance drawn (memoryless: from the block's
+ * end). An unsampled allocation costs the subtraction. Sampled blocks are
+ * marked in g_sbits, counters per address hash; a free whose counter is 0
+ * calls straight through, without a record and without a table lookup; a
+ * non-zero one is recorded (an unsampled block sharing the bucket: the
+ * model finds no block, unknown_frees) and takes the counter down. */
+static uint64_t g_sample; /* 0: every call recorded */
+#define SBITS_LOG 20
+static uint16_t g_sbits[1u << SBITS_LOG];
+static TLS int64_t t_left;
+static TLS uint64_t t_rng;
+static TLS int t_sinit;
+
+static inline uint32_t sbucket(uintptr_t a) { return (uint32_t)(((uint64_t)(a >> 4) * 0x9e3779b97f4a7c15ull) >> (64 - SBITS_LOG)); }
+
+/* ln(u), u in (0, 1]: exponent and an atanh series on the mantissa (no libm
+ * in the agent; ~1e-7 relative, plenty for a sampling distance). */
+static double ln_unit(double u) {
+  union { double d; uint64_t b; } x = {u};
+  int e = (int)((x.b >> 52) & 0x7ff) - 1023;
+  x.b = (x.b & ((1ull << 52) - 1)) | (1023ull << 52); /* m in [1, 2) */
+  double m = x.d;
+  if (m > 1.4142135623730951) {
+    m *= 0.5;
+    e++;
+  }
+  double t = (m - 1) / (m + 1), t2 = t * t;
+  double s = t * (2 + t2 * (2.0 / 3 + t2 * (2.0 / 5 + t2 * (2.0 / 7 + t2 * (2.0 / 9 + t2 * (2.0 / 11))))));
+  return e * 0.6931471805599453 + s;
+}
+
+static int64_t next_gap(void) {
+  if (UNLIKELY(!t_rng)) t_rng = (now_ns() * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)tid_of_thread() << 32) ^ (uintptr_t)&t_rng;
+  /* xorshift64* */
+  t_rng ^= t_rng >> 12;
+  t_rng ^= t_rng << 25;
+  t_rng ^= t_rng >> 27;
+  uint64_t r = t_rng * 0x2545f4914f6cdd1dull;
+  double u = (double)((r >> 11) + 1) * (1.0 / 9007199254740992.0); /* (0, 1] */
+  double g = -ln_unit(u) * (double)g_sample;
+  return g >= 9.0e18 ? INT64_MAX : (int64_t)g + 1;
+}
+
+static __attribute__((noinline)) int sample_hit(uint64_t size) {
+  if (UNLIKELY(!t_sinit)) { /* the thread's first distance (t_left started at 0) */
+    t_sinit = 1;
+    t_left = next_gap() - (int64_t)size;
+    if (t_left > 0) return 0;
+  }
+  t_left = next_gap();
+  return 1;
+}
+
+/* Whether an allocation of size bytes is recorded. */
+static inline int sampled(uint64_t size) {
+  if (LIKELY(!__atomic_load_n(&g_sample, __ATOMIC_RELAXED))) return 1;
+  if (LIKELY((t_left -= (int64_t)size) > 0)) return 0;
+  return sample_hit(size);
+}
+static inline void mark_sampled(uint64_t p) {
+  if (g_sample && p) {
+    uint16_t* c = &g_sbits[sbucket((uintptr_t)p)];
+    if (__atomic_load_n(c, __ATOMIC_RELAXED) != 0xffff) __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+  }
+}
+/* Whether a free of p is recorded: every one unsampled, else p's bucket
+ * holds a sampled block (taken down). */
+static inline int free_recorded(uint64_t p) {
+  if (LIKELY(!__atomic_load_n(&g_sample, __ATOMIC_RELAXED))) return 1;
+  uint16_t* c = &g_sbits[sbucket((uintptr_t)p)];
+  uint16_t n = __atomic_load_n(c, __ATOMIC_RELAXED);
+  if (LIKELY(n == 0)) return 0;
+  if (n != 0xffff) __atomic_fetch_sub(c, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+
 static uint64_t mul_sat(uint64_t a, uint64_t b) {
   uint64_t r;
   return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
@@ -366,17 +447,18 @@ static uint64_t mul_sat(uint64_t a, uint64_t b) {
  * return address). */
 
 static __attribute__((noinline)) void* hook_malloc(size_t size) {
-  if (!enter()) return real.malloc(size);
+  if (!sampled(size) || !enter()) return real.malloc(size);
   uint32_t flags = 0;
   uint64_t sid = take_stack(RET, BP, &flags);
   void* p = real.malloc(size);
+  mark_sampled((uintptr_t)p);
   emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, MT_ROLE_MALLOC);
   leave();
   return p;
 }
 
 static __attribute__((noinline)) void hook_free(void* ptr) {
-  if (!ptr || !enter()) {
+  if (!ptr || !free_recorded((uintptr_t)ptr) || !enter()) {
     real.free(ptr);
     return;
   }
@@ -388,10 +470,11 @@ static __attribute__((noinline)) void hook_free(void* ptr) {
 }
 
 static __attribute__((noinline)) void* hook_calloc(size_t n, size_t size) {
-  if (!enter()) return real.calloc(n, size);
+  if (!sampled(mul_sat(n, size)) || !enter()) return real.calloc(n, size);
   uint32_t flags = 0;
   uint64_t sid = take_stack(RET, BP, &flags);
   void* p = real.calloc(n, size);
+  mark_sampled((uintptr_t)p);
   emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, mul_sat(n, size), 0, sid, MT_ROLE_CALLOC);
   leave();
   return p;
@@ -407,24 +490,38 @@ static void realloc_record(void* old, void* p, uint64_t size, uint32_t flags, ui
   emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, (uintptr_t)old, sid, role);
 }
 
+/* realloc_record under --sample-bytes: the old block recorded (rec_old: it
+ * was sampled) or not, the new one sampled (rec_new) or not. */
+static void realloc_sampled(void* old, int rec_new, void* p, uint64_t size, uint32_t flags, uint64_t sid, uint32_t role) {
+  if (rec_new) {
+    realloc_record(old, p, size, flags, sid, role);
+    mark_sampled((uintptr_t)(p ? p : size ? old : NULL)); /* a failed realloc's old block lives on */
+  } else if (old && !p && size) {
+    emit(MT_EV_REALLOC_FAIL, flags, (uintptr_t)old, size, 0, sid, role); /* old lives on */
+    mark_sampled((uintptr_t)old);
+  }
+}
+
 static __attribute__((noinline)) void* hook_realloc(void* old, size_t size) {
-  if (!enter()) return real.realloc(old, size);
+  int rec_old = old && free_recorded((uintptr_t)old), rec_new = sampled(size);
+  if (!(rec_old || rec_new) || !enter()) return real.realloc(old, size);
   uint32_t flags = 0;
   uint64_t sid = take_stack(RET, BP, &flags);
-  if (old) emit(MT_EV_FREE, flags, (uintptr_t)old, 0, 0, sid, MT_ROLE_REALLOC);
+  if (rec_old) emit(MT_EV_FREE, flags, (uintptr_t)old, 0, 0, sid, MT_ROLE_REALLOC);
   void* p = real.realloc(old, size);
-  realloc_record(old, p, size, flags, sid, MT_ROLE_REALLOC);
+  realloc_sampled(rec_old ? old : NULL, rec_new, p, size, flags, sid, MT_ROLE_REALLOC);
   leave();
   return p;
 }
 
 static __attribute__((noinline)) void* hook_reallocarray(void* old, size_t n, size_t size) {
-  if (!enter()) return real.reallocarray(old, n, size);
+  int rec_old = old && free_recorded((uintptr_t)old), rec_new = sampled(mul_sat(n, size));
+  if (!(rec_old || rec_new) || !enter()) return real.reallocarray(old, n, size);
   uint32_t flags = 0;
   uint64_t sid = take_stack(RET, BP, &flags);
-  if (old) emit(MT_EV_FREE, flags, (uintptr_t)old, 0, 0, sid, MT_ROLE_REALLOCARRAY);
+  if (rec_old) emit(MT_EV_FREE, flags, (uintptr_t)old, 0, 0, sid, MT_ROLE_REALLOCARRAY);
   void* p = real.reallocarray(old, n, size);
-  realloc_record(old, p, mul_sat(n, size), flags, sid, MT_ROLE_REALLOCARRAY);
+  realloc_sampled(rec_old ? old : NULL, rec_new, p, mul_sat(n, size), flags, sid, MT_ROLE_REALLOCARRAY);
   leave();
   return p;
 }
@@ -440,7 +537,7 @@ static inline uint64_t asked_size(uint64_t size, uint32_t* flags) {
 }
 
 static __attribute__((noinline)) int hook_posix_memalign(void** out, size_t align, size_t size) {
-  if (!enter()) {
+  if (!sampled(t_new_pending ? t_new_size : size) || !enter()) {
     t_new_pending = 0;
     return real.posix_memalign(out, align, size);
   }
@@ -449,6 +546,7 @@ static __attribute__((noinline)) int hook_posix_memalign(void** out, size_t alig
   int r = real.posix_memalign(out, align, size);
   void* p = r == 0 ? *out : NULL;
   uint64_t asked = asked_size(size, &flags);
+  mark_sampled((uintptr_t)p);
   emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, asked, 0, sid, MT_ROLE_POSIX_MEMALIGN);
   leave();
   return r;
@@ -456,7 +554,7 @@ static __attribute__((noinline)) int hook_posix_memalign(void** out, size_t alig
 
 #define ALIGNED_HOOK(name, role)                                                              \
   static __attribute__((noinline)) void* hook_##name(size_t align, size_t size) {             \
-    if (!enter()) {                                                                           \
+    if (!sampled(t_new_pending ? t_new_size : size) || !enter()) {                            \
       t_new_pending = 0;                                                                      \
       return real.name(align, size);                                                          \
     }                                                                                         \
@@ -464,6 +562,7 @@ static __attribute__((noinline)) int hook_posix_memalign(void** out, size_t alig
     uint64_t sid = take_stack(RET, BP, &flags);                                               \
     void* p = real.name(align, size);                                                         \
     uint64_t asked = asked_size(size, &flags);                                                \
+    mark_sampled((uintptr_t)p);                                                               \
     emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, asked, 0, sid, role);       \
     leave();                                                                                  \
     return p;                                                                                 \
@@ -473,10 +572,11 @@ ALIGNED_HOOK(memalign, MT_ROLE_MEMALIGN)
 
 #define PAGE_HOOK(name, role)                                                                 \
   static __attribute__((noinline)) void* hook_##name(size_t size) {                           \
-    if (!enter()) return real.name(size);                                                          \
+    if (!sampled(size) || !enter()) return real.name(size);                                        \
     uint32_t flags = 0;                                                                       \
     uint64_t sid = take_stack(RET, BP, &flags);                                               \
     void* p = real.name(size);                                                                     \
+    mark_sampled((uintptr_t)p);                                                                    \
     emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, (uintptr_t)p, size, 0, sid, role);        \
     leave();                                                                                  \
     return p;                                                                                 \
@@ -538,22 +638,24 @@ static __attribute__((always_inline)) inline uint64_t slot_call(uint32_t n, uint
   fn4_t f = (fn4_t)__atomic_load_n(&g_slot_real[n], __ATOMIC_ACQUIRE);
   uint32_t role = g_slot_role[n];
   if (role == MT_ROLE_FREE) {
-    if (!a || !enter()) return f(a, b, c, d);
+    if (!a || !free_recorded(a) || !enter()) return f(a, b, c, d);
     emit(MT_EV_FREE, 0, a, 0, 0, 0, MT_ROLE_FREE);
     int on __attribute__((cleanup(hook_unwound))) = 1;
     return f(a, b, c, d);
   }
-  if (!enter()) return f(a, b, c, d);
+  int rec_old = role == MT_ROLE_REALLOC && a && free_recorded(a), rec_new = sampled(role == MT_ROLE_REALLOC ? b : a);
+  if (!(rec_old || rec_new) || !enter()) return f(a, b, c, d);
   int on __attribute__((cleanup(hook_unwound))) = 1;
   uint32_t flags = 0;
   uint64_t sid = take_stack(ret, bp, &flags);
   if (role == MT_ROLE_REALLOC) {
-    if (a) emit(MT_EV_FREE, flags, a, 0, 0, sid, role);
+    if (rec_old) emit(MT_EV_FREE, flags, a, 0, 0, sid, role);
     uint64_t p = f(a, b, c, d);
-    realloc_record((void*)(uintptr_t)a, (void*)(uintptr_t)p, b, flags, sid, role);
+    realloc_sampled(rec_old ? (void*)(uintptr_t)a : NULL, rec_new, (void*)(uintptr_t)p, b, flags, sid, role);
     return p;
   }
   uint64_t p = f(a, b, c, d);
+  mark_sampled(p);
   emit(p ? MT_EV_ALLOC : MT_EV_ALLOC_FAIL, flags, p, a, 0, sid, role);
   return p;
 }
@@ -1091,6 +1193,9 @@ static int attach_ring(void) {
   r->stack_used = (uint32_t)v->stack_mode;
   void* seen = mmap(NULL, sizeof(uint64_t) << SEEN_BITS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   v->seen = seen == MAP_FAILED ? NULL : (uint64_t*)seen;
+  /* A new session's rate (0: every call); sampled blocks of an earlier one
+   * stay marked (their frees recorded: the new model finds no block). */
+  __atomic_store_n(&g_sample, r->sample_bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&g_view, v, __ATOMIC_RELEASE);
   if (!(r->hook_flags & MT_INJ_NO_GOT)) rewrite_all();
   list_entries(r);

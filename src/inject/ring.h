@@ -38,7 +38,7 @@
 #include <stdint.h>
 
 #define MT_INJ_MAGIC 0x314a4e4945544d4dull /* "MMTEINJ1" */
-#define MT_INJ_VERSION 3
+#define MT_INJ_VERSION 4
 #define MT_INJ_PATH_FMT "/dev/shm/memtrace-inject.%d"
 #define MT_INJ_HDR_BYTES 8192 /* the data area starts two pages in */
 #define MT_INJ_POS_MASK ((1ull << 47) - 1)
@@ -144,6 +144,14 @@ struct mt_inj_hdr {
 	uint64_t fork_child_calls; /* calls a fork's child made before the agent's atfork child handler: not recorded */
 	uint32_t fn_count;     /* loader: allocator functions given (fns); 0: glibc's */
 	uint32_t pad0;
+	/* loader: --sample-bytes (issue 34): 0, every call recorded; else the
+	 * mean bytes between sampled allocations of a thread (Poisson: each
+	 * thread's distance to its next sample is exponential with this mean).
+	 * Only sampled blocks are recorded, and frees of the addresses the
+	 * agent's sampled-block filter holds (a false positive: a free the
+	 * model finds no block for); the loader weights each sampled block of
+	 * size s by 1 / (1 - exp(-s / sample_bytes)). */
+	uint64_t sample_bytes;
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */

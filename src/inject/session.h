@@ -41,6 +41,7 @@ struct SessionOptions {
   StoppedProcess* held = nullptr;            // stopped already (hold_at_entry)
   bool entries = true;                       // patch the allocator's entries (trampoline.h; x86-64)
   bool got = true;                           // rewrite GOT slots
+  uint64_t sample_bytes = 0;                 // --sample-bytes (ring.h sample_bytes); 0: every call
   // The program's allocator when it is not glibc's (ring.h fns): its
   // functions as the BPF path's detection found them (src/probes), with
   // the role each records as; empty: glibc's, found by the agent.

@@ -136,6 +136,9 @@ int main(int argc, char** argv) {
                "With -p: load memtrace's agent library into the process (ptrace, no restart) and take its malloc "
                "family from there instead of uprobes: in-process cost (docs/inject.md)");
   app.add_option("--inject-ring-mb", o.inject_ring_mb, "--inject: the agent's ring, MiB (default 64, a power of two)");
+  app.add_option("--sample-bytes", o.sample_bytes,
+                 "--inject: record one allocation per N bytes allocated on average (Poisson, per thread), "
+                 "weighted: every figure an estimate (default 0: every call; 524288 for production)");
   bool check = false;
   app.add_flag("--check", check,
                "Print what this kernel supports and which fallbacks are used, load and attach everything "
@@ -250,6 +253,10 @@ int main(int argc, char** argv) {
   }
   if (o.inject && o.pids.empty() && o.comms.empty() && o.command.empty()) {
     std::cerr << "memtrace-bpf: --inject needs -p PID, -c COMM or a program to launch (not system-wide)\n";
+    return 2;
+  }
+  if (o.sample_bytes && !o.inject) {
+    std::cerr << "memtrace-bpf: --sample-bytes needs --inject (the BPF path does not sample yet)\n";
     return 2;
   }
   if (o.inject && (o.inject_ring_mb == 0 || (o.inject_ring_mb & (o.inject_ring_mb - 1)))) {

@@ -678,6 +678,7 @@ int Tracer::run() {
   // the model's memory follows live blocks and call paths, not processes.
   model_.set_locator(resolver_.locator(), o_.features.live || o_.features.dump_bytes);
   model_.set_image_cap(o_.max_images);
+  model_.set_sample_bytes(o_.sample_bytes);
   phase("run: features and outputs ready");
   if (auto r = setup_targets(); !r) {
     std::cerr << "memtrace-bpf: " << r.error().message << "\n";

@@ -80,6 +80,9 @@ struct Options {
   // mmap/brk, exec/fork/exit.
   bool inject = false;
   size_t inject_ring_mb = 64;
+  // --sample-bytes N (issue 34): the agent records one allocation per N
+  // bytes on average (Poisson, per thread), weighted; 0: every call.
+  uint64_t sample_bytes = 0;
   // --python-frames (issue 32, src/python): CPython frames spliced into the
   // stacks of processes that run it (BPF path, x86-64).
   python::Mode python_frames = python::Mode::On;

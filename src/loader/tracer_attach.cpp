@@ -277,6 +277,7 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   so.held = held;
   so.agent = inject::agent_path();
   so.ring_mb = o_.inject_ring_mb;
+  so.sample_bytes = o_.sample_bytes;
   so.stack_mode = !o_.stacks ? MT_INJ_STACK_NONE : o_.cfi ? MT_INJ_STACK_LIBUNWIND : MT_INJ_STACK_FP;
   // One read of its maps for the whole attach (the allocator's detection,
   // the agent's load, the deadlock-window check, the trampolines).

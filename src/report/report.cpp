@@ -478,6 +478,10 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
 
 void write_text(std::ostream& os, const heap::HeapModel& m, const Resolver& r, const Options& o,
                 const Drops& d) {
+  if (m.sample_bytes())
+    os << "SAMPLED: one allocation per " << m.sample_bytes()
+       << " bytes on average (--sample-bytes), weighted: every count and byte figure of the malloc family below is an "
+          "estimate\n\n";
   for (const heap::Process* pp : m.images()) {
     const heap::Process& p = *pp;
     if (!o.include_idle && !active(p)) continue;
@@ -632,6 +636,10 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
   }
   json j;
   j["processes"] = std::move(procs);
+  // --sample-bytes (issue 34): 0, exact figures; else the malloc family's
+  // counts and bytes are estimates from one sample per that many bytes.
+  j["sample_bytes"] = m.sample_bytes();
+  j["estimates"] = m.sample_bytes() != 0;
   j["dropped"] = d.dropped;
   j["stats"] = d.stats;
   return j;
