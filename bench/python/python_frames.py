@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Python frames' cost on the BPF path (issue 32): W1 (bench/workloads/
-w1_json_dicts.py) under memtrace-bpf with --python-frames=off and =on, in
-the same run, interleaved, PYTHONMALLOC=malloc (every object through malloc)
+"""Python frames' cost (issue 32): W1 (bench/workloads/w1_json_dicts.py)
+under memtrace-bpf with --python-frames=off and =on, on the BPF path and
+with --inject (the agent's walk), in the same run, interleaved, PYTHONMALLOC=malloc (every object through malloc)
 and the default allocator (pymalloc: malloc sees blocks > 512 bytes only).
 Time: the tool's launched_traced_us (from the resume after attach to the
 program's exit), median of REPS runs; the untraced program for reference.
@@ -35,9 +35,14 @@ def untraced(env):
     return (time.monotonic() - t) * 1e6
 
 
+MODES = ("off", "on", "inject-off", "inject-on")
+
+
 def traced(env, mode):
+    inject = ["--inject"] if mode.startswith("inject-") else []
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([tool, "--python-frames=" + mode, "--format", "json", "-o", f.name, "--", py, w1, str(a.n)],
+        subprocess.run([tool] + inject + ["--python-frames=" + mode.split("-")[-1], "--format", "json", "-o", f.name,
+                                          "--", py, w1, str(a.n)],
                        env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         r = json.load(open(f.name))
     s = r["stats"]
@@ -53,18 +58,21 @@ for alloc in ("malloc", "default"):
         env["PYTHONMALLOC"] = "malloc"
     else:
         env.pop("PYTHONMALLOC", None)
-    res = {"untraced": [], "off": [], "on": []}
-    stacks = {"off": 0, "on": 0}
+    res = {m: [] for m in ("untraced",) + MODES}
+    stacks = {m: 0 for m in MODES}
     drops = {}
     for _ in range(a.reps):
         res["untraced"].append(untraced(env))
-        for mode in ("off", "on"):
+        for mode in MODES:
             us, st, d = traced(env, mode)
             res[mode].append(us)
             stacks[mode] = st
-            if mode == "on":
-                drops = {k: v for k, v in d.items() if k.startswith("python") and v}
+            if mode.endswith("on"):
+                drops.update({mode + ":" + k: v for k, v in d.items() if k.startswith("python") and v})
     m = {k: benchlib.med(v) for k, v in res.items()}
-    print("W1 %-7s untraced %7.0f ms | frames off %7.0f ms (%d stacks) | frames on %7.0f ms (%d stacks) | "
-          "on/off %.2fx | python losses %s" % (alloc, m["untraced"] / 1e3, m["off"] / 1e3, stacks["off"],
-                                               m["on"] / 1e3, stacks["on"], m["on"] / m["off"], drops or "none"))
+    print("W1 %-7s untraced %7.0f ms | BPF path: frames off %7.0f ms (%d stacks), on %7.0f ms (%d stacks), "
+          "on/off %.2fx | --inject: off %7.0f ms (%d stacks), on %7.0f ms (%d stacks), on/off %.2fx | "
+          "python losses %s" % (alloc, m["untraced"] / 1e3, m["off"] / 1e3, stacks["off"], m["on"] / 1e3,
+                                stacks["on"], m["on"] / m["off"], m["inject-off"] / 1e3, stacks["inject-off"],
+                                m["inject-on"] / 1e3, stacks["inject-on"], m["inject-on"] / m["inject-off"],
+                                drops or "none"))

@@ -62,6 +62,8 @@ struct view {
   uint64_t* seen;  /* stacks already sent (first_sight) */
   int stack_mode;
   int tsc;         /* records carry the TSC */
+  int py;          /* walk CPython's frames (hdr py_frames; pyp says where) */
+  struct mt_py_proc pyp;
   volatile int off; /* this session's writing is over: fork child, stale loader */
 };
 static struct view* g_view; /* the current session's (atomic loads and stores) */
@@ -260,9 +262,107 @@ static int first_sight(uint64_t id) {
   return 1;
 }
 
+/* ---- Python frames (issue 32): the BPF walk's (bpf/python.bpf.h), in
+ * the process. The calling thread's own PyThreadState (a C extension
+ * allocates with the GIL released: never the GIL holder's) is the value of
+ * the interpreter's TSS key; its frame chain is this thread's, changed
+ * only by this thread, and every pointer of it is followed as the
+ * interpreter itself follows it. A pair per frame, innermost first: the
+ * code object, prev_instr | MT_PY_ENTRY for an entry frame. */
+
+/* The canonical lower half, 8-byte aligned: a field of a live object. */
+static inline int py_ptr_ok(uint64_t p) { return p >= 4096 && p < (1ull << 47) && !(p & 7); }
+
+static int py_walk(const struct mt_py_proc* pp, uint64_t* out, int max_pairs) {
+  const int32_t* tss = (const int32_t*)(uintptr_t)pp->tss_addr;
+  /* autoTSSkey: {int _is_initialized; pthread_key_t _key}; 0 before the
+   * runtime's start and after its end */
+  if (!__atomic_load_n(&tss[0], __ATOMIC_RELAXED)) return 0;
+  uint64_t ts = (uint64_t)(uintptr_t)pthread_getspecific((pthread_key_t)tss[1]);
+  if (!py_ptr_ok(ts)) return 0;
+  uint64_t cf = *(const uint64_t*)(uintptr_t)(ts + pp->tstate_cframe);
+  if (!py_ptr_ok(cf)) return 0; /* a thread state being made or torn down */
+  uint64_t f = *(const uint64_t*)(uintptr_t)(cf + pp->cframe_current);
+  int n = 0;
+  while (py_ptr_ok(f) && n < max_pairs) {
+    const char* w = (const char*)(uintptr_t)(f + pp->frame_window);
+    uint64_t code, instr, prev;
+    memcpy(&code, w + pp->w_code, 8);
+    memcpy(&instr, w + pp->w_prev_instr, 8);
+    memcpy(&prev, w + pp->w_previous, 8);
+    if (!py_ptr_ok(code)) break;
+    out[2 * n] = code;
+    out[2 * n + 1] = instr | (w[pp->w_is_entry] ? MT_PY_ENTRY : 0);
+    n++;
+    f = prev;
+  }
+  if (n == max_pairs && py_ptr_ok(f)) __atomic_fetch_add(&t_v->hdr->py_cut, 1, __ATOMIC_RELAXED);
+  return n;
+}
+
+/* A compact ASCII str's characters (PEP 393) into out, NUL-ended; 0: not one. */
+static int py_str(const struct mt_py_proc* pp, uint64_t str, char* out, size_t size) {
+  out[0] = 0;
+  if (!py_ptr_ok(str)) return 0;
+  uint32_t state;
+  memcpy(&state, (const char*)(uintptr_t)(str + pp->str_state), sizeof state);
+  if (!((state >> 5) & 1) || !((state >> 6) & 1)) return 0; /* compact, ascii */
+  const char* c = (const char*)(uintptr_t)(str + pp->str_ascii_data);
+  size_t len = strnlen(c, size - 1);
+  memcpy(out, c, len);
+  out[len] = 0;
+  return 1;
+}
+
+/* The code objects of pairs[0..py) not sent yet (their fingerprint, the
+ * BPF side's py_code_seen key: address, first line, name and file
+ * pointers; a freed code object's address reused by another gets a record
+ * of its own), each as an MT_EV_PYCODE record ahead of the stack that
+ * names them: the loader names the frames from these, whenever it drains. */
+static void py_send_codes(const struct mt_py_proc* pp, const uint64_t* pairs, int py) {
+  for (int i = 0; i < py; i++) {
+    uint64_t code = pairs[2 * i], name, file, lt;
+    int32_t first;
+    const char* co = (const char*)(uintptr_t)code;
+    memcpy(&first, co + pp->co_firstlineno, sizeof first);
+    memcpy(&name, co + pp->co_qualname, 8);
+    memcpy(&file, co + pp->co_filename, 8);
+    memcpy(&lt, co + pp->co_linetable, 8);
+    uint64_t fp[4] = {code, (uint64_t)(uint32_t)first, name, file};
+    /* the stacks' table: a fingerprint's hash, its top bit set (stack ids
+     * have it clear) */
+    if (!first_sight(hash_stack(fp, 4) | (1ull << 63))) continue;
+    uint64_t pos;
+    struct mt_py_code* r = (struct mt_py_code*)reserve(sizeof *r, &pos);
+    if (!r) return;
+    r->h.kind = MT_EV_PYCODE;
+    r->h.flags = 0;
+    r->h.pid = g_pid;
+    r->h.tid = tid_of_thread();
+    r->h.ts = 0;
+    r->code = code;
+    r->first_line = first;
+    r->flags = 0;
+    r->table_len = 0;
+    r->pad = 0;
+    if (!py_str(pp, name, r->name, sizeof r->name) || !py_str(pp, file, r->file, sizeof r->file))
+      r->flags |= MT_PYC_NONASCII;
+    if (!py_ptr_ok(lt)) {
+      r->flags |= MT_PYC_UNREADABLE;
+    } else {
+      uint64_t size;
+      memcpy(&size, (const char*)(uintptr_t)(lt + pp->bytes_size), sizeof size);
+      if (size > MT_PY_TABLE_LEN) r->flags |= MT_PYC_TABLE_CUT;
+      r->table_len = (uint32_t)(size > MT_PY_TABLE_LEN ? MT_PY_TABLE_LEN : size);
+      memcpy(r->table, (const char*)(uintptr_t)(lt + pp->bytes_data), r->table_len);
+    }
+    commit(pos, sizeof *r);
+  }
+}
+
 /* The stack of the current hook call, sent if new: its id (0: none). */
 static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uintptr_t bp, uint32_t* flags) {
-  uint64_t ips[MT_MAX_FRAMES];
+  uint64_t ips[MT_STACK_SLOTS];
   int n = 0;
   if (t_v->stack_mode == MT_INJ_STACK_LIBUNWIND && g_unw_backtrace) {
     void* buf[MT_MAX_FRAMES + 2];
@@ -281,9 +381,11 @@ static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uint
     *flags |= MT_F_NO_STACK;
     return 0;
   }
-  uint64_t id = hash_stack(ips, n);
+  int py = t_v->py ? py_walk(&t_v->pyp, ips + n, MT_MAX_PY_FRAMES) : 0;
+  uint64_t id = hash_stack(ips, n + 2 * py);
   if (first_sight(id)) {
-    uint32_t len = MT_STACK_BYTES(n);
+    if (py) py_send_codes(&t_v->pyp, ips + n, py);
+    uint32_t len = MT_STACK_BYTES(n + 2 * py);
     uint64_t pos;
     struct mt_stack* s = (struct mt_stack*)reserve(len, &pos);
     if (s) {
@@ -294,8 +396,8 @@ static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uint
       s->h.ts = 0;
       s->stack_id = id;
       s->nr = (uint32_t)n;
-      s->py_nr = 0;  // no Python frames from the agent (yet)
-      memcpy(s->ips, ips, sizeof(uint64_t) * (size_t)n);
+      s->py_nr = (uint32_t)py;
+      memcpy(s->ips, ips, sizeof(uint64_t) * (size_t)(n + 2 * py));
       commit(pos, len);
     }
   }
@@ -1176,6 +1278,9 @@ static int attach_ring(void) {
   v->stack_mode = (int)r->stack_mode;
 #if defined(__x86_64__)
   v->tsc = r->ts_mode == MT_INJ_TS_TSC;
+  /* Python frames: the loader found CPython and says where its frames are */
+  v->py = r->py_frames && r->py.tss_addr && v->stack_mode != MT_INJ_STACK_NONE;
+  v->pyp = r->py;
 #endif
   g_pid = (uint32_t)getpid();
   if (v->stack_mode == MT_INJ_STACK_LIBUNWIND && !g_unw_backtrace) {

@@ -37,8 +37,10 @@
 
 #include <stdint.h>
 
+#include "memtrace.h" /* struct mt_py_proc, the records */
+
 #define MT_INJ_MAGIC 0x314a4e4945544d4dull /* "MMTEINJ1" */
-#define MT_INJ_VERSION 4
+#define MT_INJ_VERSION 5
 #define MT_INJ_PATH_FMT "/dev/shm/memtrace-inject.%d"
 #define MT_INJ_HDR_BYTES 8192 /* the data area starts two pages in */
 #define MT_INJ_POS_MASK ((1ull << 47) - 1)
@@ -152,6 +154,20 @@ struct mt_inj_hdr {
 	 * model finds no block for); the loader weights each sampled block of
 	 * size s by 1 / (1 - exp(-s / sample_bytes)). */
 	uint64_t sample_bytes;
+	/* loader: Python frames (issue 32). py_frames 1: the process runs
+	 * CPython, and the agent appends the calling thread's Python frames to
+	 * each stack record as the BPF walk does (bpf/python.bpf.h, struct
+	 * mt_py_proc in memtrace.h says where they are: the thread's own
+	 * PyThreadState through the interpreter's TSS key, read here with
+	 * pthread_getspecific), and sends each code object's MT_EV_PYCODE
+	 * record before the first stack that names it. */
+	uint32_t py_frames;
+	uint32_t pad2;
+	struct mt_py_proc py;
+	/* agent: Python stacks cut at MT_MAX_PY_FRAMES; MT_EV_PYCODE records
+	 * whose strings were not compact ASCII or unreadable (the loader names
+	 * those frames from the process's memory while it lives) */
+	uint64_t py_cut;
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */

@@ -246,6 +246,10 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   bool got = o.got && !env_off("MEMTRACE_INJECT_GOT"), entries = o.entries && !env_off("MEMTRACE_INJECT_ENTRIES");
   if (!got) (*ring)->mutable_hdr()->hook_flags |= MT_INJ_NO_GOT;
   (*ring)->mutable_hdr()->sample_bytes = o.sample_bytes;
+  if (o.py) {
+    (*ring)->mutable_hdr()->py = *o.py;
+    (*ring)->mutable_hdr()->py_frames = 1;
+  }
   std::unique_ptr<Session> s(new Session());
   s->pid_ = pid;
   s->ring_ = std::move(*ring);

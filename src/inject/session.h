@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +43,9 @@ struct SessionOptions {
   bool entries = true;                       // patch the allocator's entries (trampoline.h; x86-64)
   bool got = true;                           // rewrite GOT slots
   uint64_t sample_bytes = 0;                 // --sample-bytes (ring.h sample_bytes); 0: every call
+  // CPython's frames (ring.h py_frames): where the agent finds them, as
+  // for the BPF walk (Tracer::python_add); unset: no Python frames.
+  std::optional<mt_py_proc> py;
   // The program's allocator when it is not glibc's (ring.h fns): its
   // functions as the BPF path's detection found them (src/probes), with
   // the role each records as; empty: glibc's, found by the agent.

@@ -220,7 +220,9 @@ class Tracer {
   python::Counts py_counts_;
   std::set<std::string> py_unsupported_;  // lines said once
   uint64_t py_gone_ = 0;                  // Python frames of a process no longer known: dropped
-  void python_add(pid_t pid, const std::vector<procfs::Mapping>* maps);
+  // CPython in pid: its PyProc, and the walk's offsets in the BPF map
+  // (walk null) or in *walk (--inject: the agent's ring header). False: none.
+  bool python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_py_proc* walk = nullptr);
   void python_forget(pid_t pid, bool exited = false);
   // A stack record with Python pairs, spliced into out (false: leave it as it is).
   bool python_splice(const void* data, size_t len, std::vector<char>& out);

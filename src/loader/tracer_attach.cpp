@@ -286,6 +286,8 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   if (!maps) return snap.error();
   so.view.maps = *maps;
   if (auto r = inject_allocator(pid, *maps, &so); !r) return r.error();
+  // CPython in it: the agent walks its frames (python_splice names them).
+  if (mt_py_proc walk{}; python_add(pid, maps, &walk)) so.py = walk;
   auto t0 = std::chrono::steady_clock::now();
   auto s = inject::Session::start(pid, so);
   if (!s) return s.error();
@@ -451,6 +453,15 @@ size_t Tracer::drain_injected(bool flush) {
   for (auto& s : injected_)
     n += s->drain(
         [this](const void* d, size_t len) {
+          // As apply_event: a code record is the tool's own; a stack with
+          // Python frames is spliced before the model and a recording see it.
+          const auto* h = static_cast<const mt_hdr*>(d);
+          if (len >= sizeof(mt_hdr) && h->kind == MT_EV_PYCODE) return python_code(d, len);
+          std::vector<char> spliced;
+          if (len >= MT_STACK_HDR_BYTES && h->kind == MT_EV_STACK && python_splice(d, len, spliced)) {
+            d = spliced.data();
+            len = spliced.size();
+          }
           model_.apply(d, len);
           if (feat_) feat_->on_event(d, len);
         },

@@ -14,24 +14,25 @@
 
 namespace memtrace::loader {
 
-void Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps) {
+bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_py_proc* walk) {
 #if defined(__x86_64__)
-  if (o_.python_frames == python::Mode::Off || o_.inject || !maps || !skel_) return;
+  if (o_.python_frames == python::Mode::Off || !o_.stacks || !maps) return false;
+  if (!walk && (o_.inject || !skel_)) return false;  // the BPF walk: not for --inject's processes
   if (auto it = py_.find(pid); it != py_.end() && it->second.exited) python_forget(pid);  // the pid used again
   if (auto it = py_.find(pid); it != py_.end()) {
     // The same interpreter still mapped: nothing new.
     for (const auto& m : *maps)
       if (m.exec() && m.path == it->second.in.path && m.start <= it->second.in.eval.front().first &&
-          it->second.in.eval.front().first < m.end)
-        return;
+          it->second.in.eval.front().first < m.end && !walk)
+        return true;
     python_forget(pid);
   }
   python::Detected d = python::detect(*maps);
   if (!d.unsupported.empty()) {
     if (py_unsupported_.insert(d.unsupported).second) std::cerr << "memtrace-bpf: " << d.unsupported << "\n";
-    return;
+    return false;
   }
-  if (!d.interp) return;
+  if (!d.interp) return false;
   const python::Layout& l = d.interp->layout;
   mt_py_proc v{};
   v.tss_addr = d.interp->runtime + l.runtime_tss;
@@ -52,18 +53,23 @@ void Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps) {
   v.bytes_size = static_cast<uint16_t>(l.bytes_size);
   v.bytes_data = static_cast<uint16_t>(l.bytes_data);
   uint32_t key = static_cast<uint32_t>(pid);
-  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.py_procs), &key, &v, BPF_ANY) != 0) {
+  if (walk) {
+    *walk = v;
+  } else if (bpf_map_update_elem(bpf_map__fd(skel_->maps.py_procs), &key, &v, BPF_ANY) != 0) {
     errors_.push_back("python frames of pid " + std::to_string(pid) + ": py_procs map update: " + strerror(errno));
-    return;
+    return false;
   }
   log("pid " + std::to_string(pid) + ": CPython " + d.interp->version() + " in " + d.interp->path);
   py_seen_ = true;
   PyProc& p = py_[pid];
   p.in = *d.interp;
   p.code = std::make_unique<python::CodeReader>(pid, p.in);
+  return true;
 #else
   (void)pid;
   (void)maps;
+  (void)walk;
+  return false;
 #endif
 }
 

@@ -94,6 +94,7 @@ report::Drops Tracer::drops() {
     uint64_t drops = 0, malformed = 0, fork_child = 0;
     for (const auto& s : injected_) {
       drops += const_cast<inject::Session&>(*s).ring().hdr().drops;
+      d.dropped["python_frames_cut"] += const_cast<inject::Session&>(*s).ring().hdr().py_cut;  // the BPF walk's counter too
       malformed += const_cast<inject::Session&>(*s).ring().malformed();
       fork_child += const_cast<inject::Session&>(*s).ring().hdr().fork_child_calls;
     }

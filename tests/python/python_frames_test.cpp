@@ -386,9 +386,28 @@ TEST_F(PythonBpf, ReplayNamesThePythonFrames) {
   EXPECT_EQ(ch.blocks, o.big_blocks);
 }
 
+// --inject: the agent walks the frames inside the process and sends each
+// code object's record itself (src/inject/agent.c): the same line, chain
+// and bytes as tracemalloc's, every frame named from those records (none
+// read from the process's memory, which is gone by the end: the launched
+// script exits at once).
+TEST_F(PythonBpf, InjectChargesTracemallocsLines) {
+  ToolRun r = run_tool({"--inject", "--", kPython, script()});  // the default allocator: malloc sees the big blocks
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(r.report.is_object()) << r.err;
+  // injected (the sessions' counters are there), not the uprobes' fallback
+  EXPECT_TRUE(r.report["stats"].contains("inject_full_waits")) << r.report["stats"].dump();
+  EXPECT_EQ(r.err.find("traced with uprobes instead"), std::string::npos) << r.err;
+  expect_same_as_tracemalloc(r, parse_oracle(r.out));
+  EXPECT_GT(r.report["stats"].value("python_code_records", 0), 0);
+  EXPECT_EQ(r.report["stats"].value("python_code_read_from_memory", 1), 0) << r.report["stats"].dump();
+  EXPECT_EQ(r.report["dropped"].value("python_frames_of_gone_process", 1), 0);
+  EXPECT_EQ(r.report["dropped"].value("python_frames_cut", 1), 0);
+}
+
 // -p on a running `python3 -m http.server` answering curl: its stacks name
-// the stdlib's Python functions.
-TEST_F(PythonBpf, AttachedHttpServerStacksNamePythonFunctions) {
+// the stdlib's Python functions, on both paths.
+void http_server_stacks_name_python_functions(const std::vector<std::string>& extra) {
   if (access("/usr/bin/curl", X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no curl");
   int port = 18000 + getpid() % 1000;
   Child srv = spawn({kPython, "-u", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1",
@@ -396,7 +415,10 @@ TEST_F(PythonBpf, AttachedHttpServerStacksNamePythonFunctions) {
   std::string acc;
   ASSERT_TRUE(read_until(srv.out, "Serving HTTP", &acc)) << acc;
   std::string rep = tmpfile("http");
-  Child tool_c = spawn({tool(), "--format", "json", "-o", rep, "-p", std::to_string(srv.pid), "--duration", "12"});
+  std::vector<std::string> argv = {tool(), "--format", "json", "-o", rep};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  for (const char* a : {"-p", "", "--duration", "12"}) argv.push_back(*a ? a : std::to_string(srv.pid));
+  Child tool_c = spawn(argv);
   sleep(4);  // attached (the tool's start-up takes ~1.5 s)
   std::string curl = "for i in $(seq 300); do curl -s -o /dev/null http://127.0.0.1:" + std::to_string(port) +
                      "/ ; done";
@@ -414,6 +436,13 @@ TEST_F(PythonBpf, AttachedHttpServerStacksNamePythonFunctions) {
   for (const char* fn : {"\"BaseHTTPRequestHandler.handle_one_request\"", "\"SimpleHTTPRequestHandler.list_directory\"",
                          "\"BaseServer.serve_forever\""})
     EXPECT_NE(all.find(fn), std::string::npos) << fn;
+  EXPECT_EQ(j["dropped"].value("python_code_unreadable", 1), 0) << j["dropped"].dump();
+}
+
+TEST_F(PythonBpf, AttachedHttpServerStacksNamePythonFunctions) { http_server_stacks_name_python_functions({}); }
+
+TEST_F(PythonBpf, InjectAttachedHttpServerStacksNamePythonFunctions) {
+  http_server_stacks_name_python_functions({"--inject"});
 }
 
 }  // namespace
