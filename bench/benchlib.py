@@ -18,6 +18,11 @@ def snapshot(tool):
     for _ in range(30):
         try:
             shutil.copy2(tool, dst)
+            # --inject's agent, found beside the program (session.cpp's
+            # agent_path): without it --inject falls back to uprobes.
+            agent = os.path.join(os.path.dirname(tool), "libmemtrace_agent.so")
+            if os.path.exists(agent):
+                shutil.copy2(agent, os.path.join(d, "libmemtrace_agent.so"))
             if subprocess.run([dst, "--help"], capture_output=True, timeout=30).returncode == 0:
                 st = os.stat(tool)
                 print("memtrace-bpf snapshot of %s (mtime %s, git %s)" % (

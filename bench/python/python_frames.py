@@ -7,6 +7,7 @@ Time: the tool's launched_traced_us (from the resume after attach to the
 program's exit), median of REPS runs; the untraced program for reference.
 
     sudo bench/python/python_frames.py [--tool build/src/loader/memtrace-bpf] [--reps 5] [--n 50000]
+        [--modes off,on,inject-off,inject-on]
 """
 import argparse
 import json
@@ -23,6 +24,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--tool", default=os.path.join(benchlib.ROOT, "build/src/loader/memtrace-bpf"))
 ap.add_argument("--reps", type=int, default=5)
 ap.add_argument("--n", type=int, default=50000)
+ap.add_argument("--modes", default="off,on,inject-off,inject-on", help="of off,on,inject-off,inject-on")
 a = ap.parse_args()
 tool = benchlib.snapshot(a.tool)
 w1 = os.path.join(benchlib.ROOT, "bench/workloads/w1_json_dicts.py")
@@ -35,15 +37,18 @@ def untraced(env):
     return (time.monotonic() - t) * 1e6
 
 
-MODES = ("off", "on", "inject-off", "inject-on")
+MODES = tuple(a.modes.split(","))
 
 
 def traced(env, mode):
     inject = ["--inject"] if mode.startswith("inject-") else []
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([tool] + inject + ["--python-frames=" + mode.split("-")[-1], "--format", "json", "-o", f.name,
+        p = subprocess.run([tool] + inject + ["--python-frames=" + mode.split("-")[-1], "--format", "json", "-o", f.name,
                                           "--", py, w1, str(a.n)],
-                       env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        err = p.stderr.decode(errors="replace")
+        if inject and "uprobes instead" in err:
+            sys.exit("--inject fell back to uprobes: " + err.strip())
         r = json.load(open(f.name))
     s = r["stats"]
     return s["launched_traced_us"], s.get("model_stacks", 0), r["dropped"]
@@ -70,6 +75,9 @@ for alloc in ("malloc", "default"):
             if mode.endswith("on"):
                 drops.update({mode + ":" + k: v for k, v in d.items() if k.startswith("python") and v})
     m = {k: benchlib.med(v) for k, v in res.items()}
+    for k in ("off", "on", "inject-off", "inject-on"):
+        m.setdefault(k, float("nan"))
+        stacks.setdefault(k, 0)
     print("W1 %-7s untraced %7.0f ms | BPF path: frames off %7.0f ms (%d stacks), on %7.0f ms (%d stacks), "
           "on/off %.2fx | --inject: off %7.0f ms (%d stacks), on %7.0f ms (%d stacks), on/off %.2fx | "
           "python losses %s" % (alloc, m["untraced"] / 1e3, m["off"] / 1e3, stacks["off"], m["on"] / 1e3,
