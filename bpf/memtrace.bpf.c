@@ -40,6 +40,9 @@ const volatile bool system_wide = false;	/* no target filter (all but self) */
 const volatile bool stop_on_exec_mappings = true; /* pause pending processes at exec mappings */
 const volatile __u32 ncomms = 0;
 const volatile char comms[MT_MAX_COMMS][MT_COMM_LEN] = {};
+/* --cgroup: the cgroup v2 subtree's id and level (0: no cgroup filter) */
+const volatile __u64 cgroup_id = 0;
+const volatile __u32 cgroup_level = 0;
 const volatile __u64 wakeup_bytes = 1 << 20;	/* wake the loader once this much is queued */
 
 /* Set by the loader when tracing ends, before it detaches: an allocator

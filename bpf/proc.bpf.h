@@ -28,6 +28,20 @@ static __always_inline bool comm_matches(void)
 	return false;
 }
 
+/* --cgroup: the current task is in the subtree (cgroup v2: its ancestor at
+ * the subtree's level is the subtree's root). Dead code when cgroup_id is
+ * 0 (rodata): the verifier never sees the helper then. */
+static __always_inline bool cgroup_matches(void)
+{
+	return cgroup_id && bpf_get_current_ancestor_cgroup_id(cgroup_level) == cgroup_id;
+}
+
+/* -c and --cgroup: a process that either names starts being traced at its exec. */
+static __always_inline bool filter_matches(void)
+{
+	return (ncomms && comm_matches()) || cgroup_matches();
+}
+
 /* MT_EV_MAPFILE of the program an exec starts (system-wide): its code's
  * range (mm's start_code: the first executable PT_LOAD's address), the
  * file really executed (a script's interpreter), and in pgoff the
@@ -101,7 +115,7 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 	if (t) {
 		/* A traced process loaded a new image: its old probes are gone
 		 * with its old mm. In comm mode the new image must match too. */
-		if (ncomms && !t->follow && !comm_matches()) {
+		if ((ncomms || cgroup_id) && !t->follow && !filter_matches()) {
 			bpf_map_delete_elem(&targets, &tgid);
 			emit(MT_EV_EXEC, MT_F_EXEC_UNTRACED, pid_tgid, exec_id, 0, 0, 0, 0, 0, 0);
 			proc_event(MT_EV_EXIT, 0, pid_tgid, 0, -1, 0, 0);
@@ -109,7 +123,7 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 		}
 		t->state = MT_TS_PENDING;
 		t->image++;
-	} else if (ncomms && comm_matches()) {
+	} else if (filter_matches()) {
 		struct mt_target nt = {.state = MT_TS_PENDING, .follow = 0};
 		if (bpf_map_update_elem(&targets, &tgid, &nt, BPF_ANY))
 			return 0;

@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
   std::vector<int> pids;
   app.add_option("-p,--pid", pids, "Trace this process (repeatable); its children are followed");
   app.add_option("-c,--comm", o.comms, "Trace processes with this command name (repeatable)");
+  std::string cgroup_dir;
+  app.add_option("--cgroup", cgroup_dir,
+                 "Trace the processes of this cgroup v2 subtree (a directory under the cgroup2 mount, or its path "
+                 "from the cgroup root, as /proc/PID/cgroup says it), those started later too");
   app.add_option("--duration", o.duration, "Stop after SECONDS");
   app.add_option("--interval", o.interval, "Print heap summaries every SECONDS");
   std::vector<std::string> outputs;
@@ -251,8 +255,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.inject && o.pids.empty() && o.comms.empty() && o.command.empty()) {
-    std::cerr << "memtrace-bpf: --inject needs -p PID, -c COMM or a program to launch (not system-wide)\n";
+  if (!cgroup_dir.empty()) {
+    auto cg = memtrace::procfs::resolve_cgroup(cgroup_dir);
+    if (!cg) {
+      std::cerr << "memtrace-bpf: " << cg.error().message << "\n";
+      return 2;
+    }
+    o.cgroup = *cg;
+  }
+  if (o.inject && o.pids.empty() && o.comms.empty() && o.command.empty() && !o.cgroup) {
+    std::cerr << "memtrace-bpf: --inject needs -p PID, -c COMM, --cgroup PATH or a program to launch (not system-wide)\n";
     return 2;
   }
   if (o.sample_bytes && !o.inject) {
@@ -263,8 +275,8 @@ int main(int argc, char** argv) {
     std::cerr << "memtrace-bpf: --inject-ring-mb must be a power of two\n";
     return 2;
   }
-  if (!o.command.empty() && (!o.pids.empty() || !o.comms.empty())) {
-    std::cerr << "memtrace-bpf: launch a program or use -p/-c, not both\n";
+  if (!o.command.empty() && (!o.pids.empty() || !o.comms.empty() || o.cgroup)) {
+    std::cerr << "memtrace-bpf: launch a program or use -p/-c/--cgroup, not both\n";
     return 2;
   }
   // A program that cannot start: one line, exit 2, before anything is loaded.

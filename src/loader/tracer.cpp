@@ -51,7 +51,7 @@ Tracer::Tracer(Options o)
         so.defer_debuginfod = true;  // the drain thread must not wait on a download: final report only
         return so;
       }()) {
-  system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty();
+  system_wide_ = o_.pids.empty() && o_.comms.empty() && o_.command.empty() && !o_.cgroup;
   resolver_.set_python(&py_frames_);
   py_frames_.on_new = [this](uint32_t id, const python::PyFrame& f) {
     if (feat_) feat_->python_frame(id, f.function, f.file, f.line);
@@ -155,6 +155,10 @@ Result<void> Tracer::load() {
   ro->ncomms = o_.comms.size();
   for (size_t i = 0; i < o_.comms.size(); i++)
     strncpy(const_cast<char*>(ro->comms[i]), o_.comms[i].c_str(), MT_COMM_LEN - 1);
+  if (o_.cgroup) {
+    ro->cgroup_id = o_.cgroup->id;
+    ro->cgroup_level = o_.cgroup->level;
+  }
   // Sized to the work: a launched program or -p processes peak at a few
   // MiB of backlog (W1, 1 M events/s: 2.5 MiB), system-wide and -c take
   // whatever starts (a build: 10-28 MiB, bench/busy_host). The ring's pages
@@ -719,6 +723,7 @@ int Tracer::run() {
     std::string what = system_wide_ ? "system-wide" : "";
     if (!o_.pids.empty()) what += std::to_string(o_.pids.size()) + " process(es)";
     if (!o_.comms.empty()) what += (what.empty() ? "" : " and ") + std::string("command names");
+    if (o_.cgroup) what += (what.empty() ? "" : " and ") + std::string("cgroup ") + o_.cgroup->path;
     std::cerr << "memtrace-bpf: tracing " << what << "; Ctrl-C to stop\n";
   }
   auto start = std::chrono::steady_clock::now();
@@ -759,7 +764,7 @@ int Tracer::run() {
         break;
       }
     }
-    if (!o_.pids.empty() && o_.command.empty() && o_.comms.empty()) {
+    if (!o_.pids.empty() && o_.command.empty() && o_.comms.empty() && !o_.cgroup) {
       bool any = false;
       for (pid_t p : o_.pids) any |= process_exists(p);
       if (!any) break;

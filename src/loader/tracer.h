@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "procfs/cgroup.h"
+
 #include "common/result.h"
 #include "heap/heap_model.h"
 #include "loader/attach.h"
@@ -45,6 +47,7 @@ namespace memtrace::loader {
 struct Options {
   std::vector<pid_t> pids;
   std::vector<std::string> comms;
+  std::optional<procfs::Cgroup> cgroup;  // --cgroup: a cgroup v2 subtree, processes started later too
   std::vector<std::string> command;  // launch mode
   double duration = 0;               // seconds, 0 = until the end
   double interval = 0;               // periodic summaries

@@ -234,18 +234,21 @@ Result<void> Tracer::setup_targets() {
     set_target_state(pid, MT_TS_TRACED, 1);
     if (auto r = o_.inject ? inject_or_attach(pid, true) : attach_process(pid, true); !r) return r;
   }
-  if (!o_.comms.empty()) {
+  if (!o_.comms.empty() || o_.cgroup) {
     for (pid_t pid : all_pids()) {
       if (pid == getpid()) continue;
       auto c = read_comm(pid);
       if (!c) continue;
-      for (const auto& want : o_.comms) {
-        if (*c != want) continue;
-        set_target_state(pid, MT_TS_TRACED, 0);
-        if (auto r = o_.inject ? inject_or_attach(pid, false) : attach_process(pid, false); !r) {
-          errors_.push_back(r.error().message);
-          attach_failures_++;
-        }
+      // -c COMM, or a process of the --cgroup subtree (BPF takes the ones
+      // that start later at their exec: filter_matches)
+      bool match = std::find(o_.comms.begin(), o_.comms.end(), *c) != o_.comms.end();
+      if (!match && o_.cgroup)
+        if (auto cg = procfs::cgroup_of(pid)) match = procfs::cgroup_within(*cg, o_.cgroup->path);
+      if (!match) continue;
+      set_target_state(pid, MT_TS_TRACED, 0);
+      if (auto r = o_.inject ? inject_or_attach(pid, false) : attach_process(pid, false); !r) {
+        errors_.push_back(r.error().message);
+        attach_failures_++;
       }
     }
   }

@@ -1,0 +1,134 @@
+// --cgroup PATH (issue 34): the processes of a cgroup v2 subtree, those in it
+// at the start (attached) and those started in it later (BPF's exec filter
+// on the cgroup id), counted exactly; a process outside it is not traced.
+// And the container ids runtimes put in cgroup names.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "harness.h"
+#include "procfs/cgroup.h"
+#include "test_env.h"
+
+using namespace memtrace::testing;
+using nlohmann::json;
+namespace pf = memtrace::procfs;
+
+namespace {
+
+TEST(Cgroup, ContainerIdsFromTheRuntimesCgroupNames) {
+  const std::string id(64, 'a');
+  struct Case {
+    std::string path, id, runtime, pod;
+  } cases[] = {
+      {"/system.slice/docker-" + id + ".scope", id, "docker", ""},
+      {"/docker/" + id, id, "docker", ""},
+      {"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_1111_2222_333344445555.slice/"
+       "cri-containerd-" + id + ".scope",
+       id, "containerd", "1b2c3d4e-0000-1111-2222-333344445555"},
+      {"/kubepods/besteffort/pod1b2c3d4e-0000-1111-2222-333344445555/" + id, id, "containerd",
+       "1b2c3d4e-0000-1111-2222-333344445555"},
+      {"/kubepods.slice/kubepods-pod1b2c3d4e_0000_1111_2222_333344445555.slice/crio-" + id + ".scope", id, "cri-o",
+       "1b2c3d4e-0000-1111-2222-333344445555"},
+      {"/machine.slice/libpod-" + id + ".scope/container", id, "podman", ""},
+      {"/user.slice/user-1000.slice/session-2.scope", "", "", ""},
+      {"/", "", "", ""},
+  };
+  for (const auto& c : cases) {
+    pf::Container got = pf::container_of(c.path);
+    EXPECT_EQ(got.id, c.id) << c.path;
+    EXPECT_EQ(got.runtime, c.runtime) << c.path;
+    EXPECT_EQ(got.pod, c.pod) << c.path;
+  }
+  EXPECT_TRUE(pf::cgroup_within("/a/b", "/a"));
+  EXPECT_TRUE(pf::cgroup_within("/a", "/a"));
+  EXPECT_FALSE(pf::cgroup_within("/ab", "/a"));
+  EXPECT_TRUE(pf::cgroup_within("/x", "/"));
+}
+
+TEST(Cgroup, NotACgroupDirectoryIsOneLineAndExitTwo) {
+  ToolRun r = run_argv({tool(), "--cgroup", "/nonexistent-cgroup-dir", "--duration", "1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--cgroup /nonexistent-cgroup-dir"), std::string::npos) << r.err;
+}
+
+class CgroupTracing : public ::testing::Test {
+ protected:
+  std::string dir, rel;
+  void SetUp() override {
+    MEMTRACE_REQUIRE_ROOT();
+    std::string mnt = pf::cgroup2_mount();
+    if (mnt.empty()) MEMTRACE_SKIP_OR_FAIL("no cgroup2 file system mounted");
+    rel = "/memtrace-test-" + std::to_string(getpid());
+    dir = mnt + rel;
+    if (mkdir(dir.c_str(), 0755) != 0) MEMTRACE_SKIP_OR_FAIL("cannot make a cgroup: " + dir);
+  }
+  void TearDown() override {
+    if (!dir.empty()) rmdir(dir.c_str());
+  }
+  // argv run by a shell that first moves itself into the cgroup.
+  std::vector<std::string> in_cgroup(const std::vector<std::string>& argv) {
+    std::string cmd = "echo $$ > " + dir + "/cgroup.procs && exec";
+    for (const auto& a : argv) cmd += " " + a;
+    return {"/bin/sh", "-c", cmd};
+  }
+};
+
+TEST_F(CgroupTracing, TracesItsProcessesAndThoseStartedInItLaterExactly) {
+  const long R = 30;
+  // In the cgroup before the tool: attached at the start.
+  Child before = spawn(in_cgroup({target("alloc_rounds"), "--rounds", std::to_string(R), "--wait"}));
+  std::string bo;
+  ASSERT_TRUE(read_until(before.out, "ready", &bo)) << bo;
+  std::string rep = tmpfile("cg");
+  Child m = spawn({tool(), "--format", "json", "-o", rep, "--cgroup", dir});
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "Ctrl-C", &merr)) << merr;
+  EXPECT_NE(merr.find("cgroup " + rel), std::string::npos) << merr;
+  // Started in it later: at their exec, from their first allocation.
+  auto run_in = [&](long rounds) {
+    Child c = spawn(in_cgroup({target("alloc_rounds"), "--rounds", std::to_string(rounds)}));
+    close(c.in);
+    std::string o = read_all(c.out);
+    EXPECT_EQ(wait_exit(c.pid), 0);
+    return std::make_pair(c.pid, o);
+  };
+  auto [p0, o0] = run_in(0);
+  auto [p1, o1] = run_in(R);
+  // Outside it: not traced.
+  Child other = spawn({target("alloc_rounds"), "--rounds", "3"});
+  close(other.in);
+  read_all(other.out);
+  wait_exit(other.pid);
+  // The one from before: its rounds now, then its exit.
+  ASSERT_EQ(write(before.in, "\n", 1), 1);
+  std::string more;
+  ASSERT_TRUE(read_until(before.out, "per_round", &more)) << more;  // its rounds done; it waits again
+  ASSERT_EQ(write(before.in, "\n", 1), 1);
+  close(before.in);
+  read_all(before.out);
+  ASSERT_EQ(wait_exit(before.pid), 0);
+  usleep(300 * 1000);
+  kill(m.pid, SIGINT);
+  EXPECT_EQ(wait_exit(m.pid), 0) << merr;
+  std::ifstream f(rep);
+  json j = json::parse(f, nullptr, false);
+  unlink(rep.c_str());
+  ASSERT_TRUE(j.is_object());
+  PerRound per = parse_per_round(o1);
+  const json* a = find_proc(j, p0);
+  const json* b = find_proc(j, p1);
+  const json* c = find_proc(j, before.pid);
+  ASSERT_TRUE(a && b && c) << j.dump().substr(0, 3000);
+  EXPECT_EQ(find_proc(j, other.pid), nullptr);
+  EXPECT_EQ(u(*b, "allocs") - u(*a, "allocs"), R * per.allocs);
+  EXPECT_EQ(u(*b, "frees") - u(*a, "frees"), R * per.frees);
+  EXPECT_EQ(u(*b, "bytes_allocated") - u(*a, "bytes_allocated"), R * per.bytes);
+  // Attached while it waited: every round's calls are seen (its start-up's are not).
+  EXPECT_GE(u(*c, "allocs"), R * per.allocs);
+  EXPECT_GE(u(*c, "bytes_allocated"), R * per.bytes);
+}
+
+}  // namespace
