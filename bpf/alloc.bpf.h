@@ -32,6 +32,21 @@ static __always_inline bool from_old_image(mt_task_t task, struct mt_inflight *c
 #endif
 }
 
+/* The first or the second argument: both read, then chosen (a choice of
+ * offset into ctx is a "modified ctx ptr" the verifier refuses). */
+static __always_inline __u64 arg1_or_2(struct pt_regs *ctx, bool second)
+{
+	__u64 a = PT_REGS_PARM1(ctx), b = PT_REGS_PARM2(ctx);
+
+	asm volatile("" : "+r"(a), "+r"(b));
+	return second ? b : a;
+}
+
+static __always_inline bool is_realloc(__u32 role)
+{
+	return role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY || role == MT_ROLE_PY_REALLOC;
+}
+
 static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_at, __u64 cookie)
 {
 	mt_task_t task = current_task();
@@ -39,6 +54,7 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	__u64 sp = PT_REGS_SP(ctx);
 	struct mt_inflight *cur, rec = {};
 	__u32 flags = 0;
+	bool is_free = role == MT_ROLE_FREE || role == MT_ROLE_PY_FREE;
 
 	if ((__u32)(pid_tgid >> 32) == self_pid || tracing_stopped)
 		return 0;
@@ -56,7 +72,7 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 			 * (realloc(NULL, n) -> malloc): counted once, as the
 			 * outer call. free and aligned operator new have no
 			 * return probe: not counted. */
-			if (role != MT_ROLE_FREE && role != MT_ROLE_ALIGNED_NEW)
+			if (!is_free && role != MT_ROLE_ALIGNED_NEW)
 				cur->depth++;
 			count(MT_C_NESTED);
 			return 0;
@@ -78,13 +94,24 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 		return 0;
 	}
 
-	if (role == MT_ROLE_FREE) {
-		__u64 ptr = PT_REGS_PARM1(ctx);
+	if (is_free) {
+		__u64 ptr = arg1_or_2(ctx, role == MT_ROLE_PY_FREE);
+		/* pymalloc's free of a block past 512 bytes frees it with free():
+		 * the mark its entry left (MT_ROLE_PY_FREE) says it is freed
+		 * already. Used once. */
+		if (role == MT_ROLE_FREE && cur && cur->role == MT_ROLE_PY_FREE && cur->depth == 0 &&
+		    cur->arg0 == ptr && sp + ret_at <= cur->sp) {
+			cur->role = MT_ROLE_FREE;
+			count(MT_C_NESTED);
+			return 0;
+		}
 		if (ptr) /* free(NULL) is not a free */
 			emit(MT_EV_FREE, 0, pid_tgid, ptr, 0, 0, 0, 0, role, 0);
 		if (cur) {
 			cur->depth = 0;
-			cur->role = MT_ROLE_FREE; /* an operator new's mark is for the next call only */
+			cur->role = role; /* an operator new's mark is for the next call only */
+			cur->arg0 = ptr;
+			cur->sp = sp + ret_at;
 		}
 		return 0;
 	}
@@ -93,8 +120,11 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 		/* no task storage: the allocation cannot be paired with its
 		 * return (counted); realloc's old block still dies */
 		count(MT_C_INFLIGHT_FULL);
-		if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && PT_REGS_PARM1(ctx))
-			emit(MT_EV_FREE, MT_F_NO_STACK, pid_tgid, PT_REGS_PARM1(ctx), 0, 0, 0, 0, role, 0);
+		if (is_realloc(role)) {
+			__u64 old = arg1_or_2(ctx, role == MT_ROLE_PY_REALLOC);
+			if (old)
+				emit(MT_EV_FREE, MT_F_NO_STACK, pid_tgid, old, 0, 0, 0, 0, role, 0);
+		}
 		return 0;
 	}
 
@@ -134,6 +164,16 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	case MT_ROLE_MEMALIGN:
 		rec.arg0 = PT_REGS_PARM2(ctx);
 		break;
+	case MT_ROLE_PY_MALLOC: /* (ctx, size) */
+		rec.arg0 = PT_REGS_PARM2(ctx);
+		break;
+	case MT_ROLE_PY_CALLOC: /* (ctx, nelem, elsize) */
+		rec.arg0 = mul_sat(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+		break;
+	case MT_ROLE_PY_REALLOC: /* (ctx, ptr, size) */
+		rec.arg0 = PT_REGS_PARM2(ctx);
+		rec.arg1 = PT_REGS_PARM3(ctx);
+		break;
 	default: /* malloc, valloc, pvalloc */
 		rec.arg0 = PT_REGS_PARM1(ctx);
 		break;
@@ -152,7 +192,7 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	/* realloc(p, n), p != NULL: the old block dies now, before the
 	 * allocator can hand its address to another thread. A failure is
 	 * undone by MT_EV_REALLOC_FAIL at return. */
-	if ((role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) && rec.arg0)
+	if (is_realloc(role) && rec.arg0)
 		emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
 
 	*cur = rec;
@@ -184,7 +224,11 @@ MT_ROLE_PROG(7)
 MT_ROLE_PROG(8)
 MT_ROLE_PROG(9)
 MT_ROLE_PROG(10)
-_Static_assert(MT_ROLE_COUNT == 11, "one mt_alloc_enter_R per role");
+MT_ROLE_PROG(11)
+MT_ROLE_PROG(12)
+MT_ROLE_PROG(13)
+MT_ROLE_PROG(14)
+_Static_assert(MT_ROLE_COUNT == 15, "one mt_alloc_enter_R per role");
 #endif
 
 SEC("uretprobe")
@@ -220,6 +264,7 @@ int mt_alloc_exit(struct pt_regs *ctx)
 	switch (role) {
 	case MT_ROLE_REALLOC:
 	case MT_ROLE_REALLOCARRAY:
+	case MT_ROLE_PY_REALLOC:
 		size = cur->arg1;
 		if (cur->arg0 && !ret) {
 			/* realloc(p, 0) frees p (already emitted); realloc(p, n)
@@ -243,7 +288,7 @@ int mt_alloc_exit(struct pt_regs *ctx)
 		return 0;
 	}
 	emit(MT_EV_ALLOC, cur->flags, pid_tgid, addr, size,
-	     (role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY) ? cur->arg0 : 0, 0,
+	     is_realloc(role) ? cur->arg0 : 0, 0,
 	     cur->stack_id, role, 0);
 	return 0;
 }

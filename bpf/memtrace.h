@@ -45,8 +45,23 @@ enum mt_role {
 	 * exception thrown through a frame whose return address a uretprobe
 	 * replaced finds no unwind info there and calls std::terminate. */
 	MT_ROLE_ALIGNED_NEW,
+	/* CPython's own allocator, the `python` domain (issue 32): pymalloc's
+	 * functions as the interpreter's allocator structs point to them, with
+	 * their ctx first: (ctx, size), (ctx, nelem, elsize), (ctx, ptr, size),
+	 * (ctx, ptr). A block they return is the python domain's; a malloc,
+	 * realloc or free they make inside (a request past 512 bytes, an arena)
+	 * is nested and not counted again. PY_FREE has no return probe: its
+	 * entry leaves a mark (role MT_ROLE_PY_FREE, depth 0, arg0 = the
+	 * pointer, sp = its return address slot) that the free it makes of the
+	 * same pointer from inside (a lower or equal slot: a tail call) finds
+	 * and skips. src/python/pymem.h finds the functions. */
+	MT_ROLE_PY_MALLOC,
+	MT_ROLE_PY_CALLOC,
+	MT_ROLE_PY_REALLOC,
+	MT_ROLE_PY_FREE,
 	MT_ROLE_COUNT,
 };
+#define MT_ROLE_IS_PY(r) ((r) >= MT_ROLE_PY_MALLOC && (r) <= MT_ROLE_PY_FREE)
 
 /* Ring-buffer record kinds: every record starts with struct mt_hdr. */
 enum mt_kind {

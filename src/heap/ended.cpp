@@ -51,6 +51,7 @@ void add_stack_allocs(StackAllocs& a, const StackAllocs& b) {
   a.peak_bytes += b.peak_bytes;
   a.peak_blocks += b.peak_blocks;
   a.untouched_blocks += b.untouched_blocks;
+  a.python = a.python || b.python;
 }
 
 void add_site_faults(SiteFaults& a, const SiteFaults& b) {
@@ -417,6 +418,14 @@ void HeapModel::merge_into(Process& g, Process& img) {
   a.unknown_frees += b.unknown_frees;
   a.inherited_blocks += b.inherited_blocks;
   a.temporary_allocs += b.temporary_allocs;
+  a.python.allocs += b.python.allocs;
+  a.python.frees += b.python.frees;
+  a.python.bytes_allocated += b.python.bytes_allocated;
+  a.python.in_use_bytes += b.python.in_use_bytes;
+  a.python.in_use_blocks += b.python.in_use_blocks;
+  a.python.peak_in_use_bytes = std::max(a.python.peak_in_use_bytes, b.python.peak_in_use_bytes);
+  a.python.failed_allocs += b.python.failed_allocs;
+  a.python.unknown_frees += b.python.unknown_frees;
   for (size_t i = 0; i < g.lifetimes.freed.size(); i++) {
     g.lifetimes.freed[i] += img.lifetimes.freed[i];
     g.lifetimes.freed_bytes[i] += img.lifetimes.freed_bytes[i];

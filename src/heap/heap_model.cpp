@@ -99,10 +99,12 @@ void HeapModel::apply(const void* data, size_t len) {
       break;
     case MT_EV_ALLOC_FAIL:
       p.s.failed_allocs++;
+      if (MT_ROLE_IS_PY(e.role)) p.s.python.failed_allocs++;
       break;
     case MT_EV_REALLOC_FAIL: {
       // realloc(p, n) failed: p never died. Undo the free counted at entry.
       p.s.failed_allocs++;
+      if (MT_ROLE_IS_PY(e.role)) p.s.python.failed_allocs++;
       auto it = p.realloc_parked.find(e.h.tid);
       if (it != p.realloc_parked.end() && it->second.addr == e.addr) {
         const Block& b = it->second.block;
@@ -111,6 +113,11 @@ void HeapModel::apply(const void* data, size_t len) {
         p.s.in_use_bytes += b.size;
         p.s.in_use_blocks += b.weight;
         p.s.frees -= b.weight;
+        if (b.py) {
+          p.s.python.in_use_bytes += b.size;
+          p.s.python.in_use_blocks += b.weight;
+          p.s.python.frees -= b.weight;
+        }
         analyses::revived(p, stack_of(p, b), it->second, e.h.tid, it->second.prev_last);
         p.realloc_parked.erase(it);
       }
@@ -181,12 +188,18 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
   auto& sa = p.stack_allocs[e.stack_id];
   sa.allocs += weight;
   sa.bytes += size;
-  Block b{size, e.stack_id, e.h.ts, false, &sa, weight};
+  const bool py = MT_ROLE_IS_PY(e.role);
+  sa.python = py;
+  Block b{size, e.stack_id, e.h.ts, false, py, &sa, weight};
   auto [it, inserted] = p.live.try_emplace(e.addr, b);
   if (!inserted) {
     // A block we believe is live was handed out again: its free was lost.
     p.s.in_use_bytes -= it->second.size;
     p.s.in_use_blocks -= it->second.weight;
+    if (it->second.py) {
+      p.s.python.in_use_bytes -= it->second.size;
+      p.s.python.in_use_blocks -= it->second.weight;
+    }
     analyses::died(p, stack_of(p, it->second), it->second, e.h.ts, false, /*known=*/false);
     it->second = b;
   }
@@ -198,6 +211,14 @@ void HeapModel::alloc(Process& p, const mt_event& e) {
   }
   p.s.in_use_bytes += size;
   p.s.in_use_blocks += weight;
+  if (py) {
+    DomainSummary& d = p.s.python;
+    d.allocs += weight;
+    d.bytes_allocated += size;
+    d.in_use_bytes += size;
+    d.in_use_blocks += weight;
+    if (d.in_use_bytes > d.peak_in_use_bytes) d.peak_in_use_bytes = d.in_use_bytes;
+  }
   analyses::born(p, sa, e.addr, b, e.h.tid);
   if (p.s.in_use_bytes > p.s.peak_in_use_bytes) analyses::new_peak(p, e.h.ts);
 }
@@ -208,13 +229,19 @@ void HeapModel::free_block(Process& p, const mt_event& e) {
   auto it = p.live.find(e.addr);
   if (it == p.live.end()) {
     p.s.unknown_frees++;
+    if (MT_ROLE_IS_PY(e.role)) p.s.python.unknown_frees++;
     return;
   }
   p.s.frees += it->second.weight;
   p.s.in_use_bytes -= it->second.size;
   p.s.in_use_blocks -= it->second.weight;
+  if (it->second.py) {  // the block's domain, whichever function freed it
+    p.s.python.frees += it->second.weight;
+    p.s.python.in_use_bytes -= it->second.size;
+    p.s.python.in_use_blocks -= it->second.weight;
+  }
   analyses::died(p, stack_of(p, it->second), it->second, e.h.ts, temporary);
-  if (e.role == MT_ROLE_REALLOC || e.role == MT_ROLE_REALLOCARRAY)
+  if (e.role == MT_ROLE_REALLOC || e.role == MT_ROLE_REALLOCARRAY || e.role == MT_ROLE_PY_REALLOC)
     p.realloc_parked[e.h.tid] = ParkedFree{e.addr, it->second, e.h.ts, temporary, prev_last};
   p.live.erase(it);
   if (faults_) index_del(p, e.addr);
@@ -320,6 +347,8 @@ void HeapModel::on_fork(pid_t parent, pid_t child) {
   c.s.in_use_blocks = pp->s.in_use_blocks;
   c.s.peak_in_use_bytes = pp->s.in_use_bytes;
   c.s.inherited_blocks = pp->s.in_use_blocks;
+  c.s.python.in_use_bytes = c.s.python.peak_in_use_bytes = pp->s.python.in_use_bytes;
+  c.s.python.in_use_blocks = pp->s.python.in_use_blocks;
   c.s.mapped_now_allocator = pp->s.mapped_now_allocator;
   c.s.mapped_now_direct = pp->s.mapped_now_direct;
   analyses::inherited(c, pp->last_ts);

@@ -29,6 +29,7 @@ struct Block {
   uint64_t stack_id = 0;
   uint64_t ts = 0;
   bool touched = false;  // a page fault landed in it (fault tracking on)
+  bool py = false;       // the python domain's (pymalloc: MT_ROLE_PY_*), not malloc's
   // The model's own: Process::stack_allocs[stack_id] of the block's process
   // (saves a lookup per free).
   StackAllocs* stack = nullptr;
@@ -141,6 +142,19 @@ struct StackAllocs {
   // the next new peak); Process::spans[this stack] (saves a lookup per event).
   bool peak_dirty = false;
   std::vector<Span>* spans = nullptr;
+  // Its allocations are the python domain's (pymalloc): a call site calls
+  // one allocator (the last one's, should one call both).
+  bool python = false;
+};
+
+// One allocator domain's part of a Summary (issue 32): the python domain,
+// CPython's pymalloc (PyObject_Malloc and friends, bpf/memtrace.h
+// MT_ROLE_PY_*). Its blocks are in the Summary's totals too; the malloc
+// domain's are the totals less these.
+struct DomainSummary {
+  uint64_t allocs = 0, frees = 0, bytes_allocated = 0;
+  uint64_t in_use_bytes = 0, in_use_blocks = 0, peak_in_use_bytes = 0;
+  uint64_t failed_allocs = 0, unknown_frees = 0;
 };
 
 struct Summary {
@@ -164,6 +178,7 @@ struct Summary {
   // the events' clock). A fork's child starts at its parent's in-use bytes:
   // its peak_ts is then the parent's last event before the fork (0 if none).
   uint64_t peak_ts = 0;
+  DomainSummary python;  // of the totals above: pymalloc's blocks
 };
 
 // How long freed blocks lived (free ts - alloc ts), log2 buckets: freed[i]

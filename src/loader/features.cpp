@@ -24,7 +24,10 @@ namespace {
 
 const char* role_name(uint32_t r) {
   static const char* n[] = {"malloc",         "calloc",        "realloc",  "reallocarray", "free",
-                            "posix_memalign", "aligned_alloc", "memalign", "valloc",       "pvalloc"};
+                            "posix_memalign", "aligned_alloc", "memalign", "valloc",       "pvalloc",
+                            "aligned_new",    "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc",
+                            "PyObject_Free"};
+  static_assert(sizeof(n) / sizeof(n[0]) == MT_ROLE_COUNT);
   return r < MT_ROLE_COUNT ? n[r] : "?";
 }
 

@@ -103,6 +103,11 @@ int main(int argc, char** argv) {
                  "each _PyEval_EvalFrameDefault frame replaced by the Python functions it ran, "
                  "'qualname (file.py:line)'), only (the Python frames alone), off")
       ->check(CLI::IsMember({"off", "on", "only"}));
+  std::string python_domain = "on";
+  app.add_option("--python-domain", python_domain,
+                 "CPython 3.11's own allocator (pymalloc: every object of 512 bytes or less) traced as the python "
+                 "domain beside malloc (BPF path, x86-64): on (default), off")
+      ->check(CLI::IsMember({"off", "on"}));
   bool no_stacks = false;
   app.add_flag("--no-stacks", no_stacks, "Do not capture call stacks");
   std::string unwind = "cfi";
@@ -180,6 +185,7 @@ int main(int argc, char** argv) {
   }
   o.stacks = !no_stacks;
   o.python_frames = *memtrace::python::parse_mode(python_frames);
+  o.python_domain = python_domain == "on";
   if (o.pprof_dir.dir.empty() && (pprof_every->count() || pprof_keep->count())) {
     std::cerr << "memtrace-bpf: --pprof-every and --pprof-keep are for --pprof-dir DIR\n";
     return 2;

@@ -431,6 +431,7 @@ Result<void> Tracer::Snapshot::error() {
 // which holds no tracepoint.
 void Tracer::detach_probes() {
   finishing_ = true;  // no new attach from here (the final drain's exec and mapping records)
+  pymem_restore_all();  // the allocator slots first: calls leave the probed jmp before it goes
   if (skel_ && skel_->bss) skel_->bss->tracing_stopped = true;
   for (auto& [pid, p] : procs_) {
     if (p.exited) p.probes.reset();

@@ -27,6 +27,7 @@
 #include "loader/launcher.h"
 #include "loader/pprof_dir.h"
 #include "loader/resolver.h"
+#include "python/pymem.h"
 #include "report/outputs.h"
 #include "report/report.h"
 #include "unwind/unwind_maps.h"
@@ -89,6 +90,9 @@ struct Options {
   // --python-frames (issue 32, src/python): CPython frames spliced into the
   // stacks of processes that run it (BPF path, x86-64).
   python::Mode python_frames = python::Mode::On;
+  // --python-domain (issue 32, src/python/pymem.h): CPython's pymalloc
+  // traced as the python domain beside malloc (BPF path, 3.11, x86-64).
+  bool python_domain = true;
 };
 
 class Tracer {
@@ -232,6 +236,19 @@ class Tracer {
   void python_drops(report::Drops& d) const;
   void python_code(const void* data, size_t len);  // an MT_EV_PYCODE record
   uint64_t py_code_records_ = 0, py_code_fallback_ = 0;
+  // The python domain (src/python/pymem.h, tracer_pymem.cpp): pymalloc's
+  // probes of a CPython process and the allocator slots written in it.
+  struct PyMemProc {
+    ProbeSet probes;
+    std::vector<python::PyMemSlot> slots;
+  };
+  std::map<pid_t, PyMemProc> pymem_;
+  std::set<std::string> pymem_said_;  // notes said once
+  uint64_t pymem_procs_ = 0, pymem_inlined_ = 0, pymem_failed_ = 0;
+  void pymem_add(pid_t pid, const python::Interpreter& in, const std::vector<procfs::Mapping>& maps);
+  void pymem_forget(pid_t pid, bool exited);
+  void pymem_restore_all();
+  void pymem_drops(report::Drops& d) const;
   heap::HeapModel model_;
   Resolver resolver_;
   size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks

@@ -16,7 +16,13 @@ namespace memtrace::loader {
 
 bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_py_proc* walk) {
 #if defined(__x86_64__)
-  if (o_.python_frames == python::Mode::Off || !o_.stacks || !maps) return false;
+  if (!maps) return false;
+  if (o_.python_frames == python::Mode::Off || !o_.stacks) {  // the python domain alone (BPF path)
+    if (walk || o_.inject || !skel_ || !o_.python_domain || pymem_.count(pid)) return false;
+    python::Detected d = python::detect(*maps);
+    if (d.interp) pymem_add(pid, *d.interp, *maps);
+    return false;
+  }
   if (!walk && (o_.inject || !skel_)) return false;  // the BPF walk: not for --inject's processes
   if (auto it = py_.find(pid); it != py_.end() && it->second.exited) python_forget(pid);  // the pid used again
   if (auto it = py_.find(pid); it != py_.end()) {
@@ -64,6 +70,7 @@ bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_
   PyProc& p = py_[pid];
   p.in = *d.interp;
   p.code = std::make_unique<python::CodeReader>(pid, p.in);
+  if (!walk) pymem_add(pid, p.in, *maps);  // the BPF path's python domain
   return true;
 #else
   (void)pid;
@@ -74,6 +81,7 @@ bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_
 }
 
 void Tracer::python_forget(pid_t pid, bool exited) {
+  pymem_forget(pid, exited);
   auto it = py_.find(pid);
   if (it == py_.end()) return;
   if (skel_) {
@@ -145,6 +153,7 @@ void Tracer::python_code(const void* data, size_t len) {
 }
 
 void Tracer::python_drops(report::Drops& d) const {
+  pymem_drops(d);
   if (o_.python_frames == python::Mode::Off || !py_seen_) return;
   d.dropped["python_code_unreadable"] = py_counts_.code_unreadable;
   d.dropped["python_frames_of_gone_process"] = py_gone_;

@@ -64,6 +64,10 @@ Snapshot snapshot_of(const heap::HeapModel& m, report::Drops drops, const Snapsh
     s.failed_allocs += p->s.failed_allocs;
     s.mmap_allocator += p->s.mmap_bytes_allocator;
     s.mmap_program += p->s.mmap_bytes_direct;
+    s.in_use_python = p->s.python.in_use_bytes;
+    s.in_use_malloc = p->s.in_use_bytes - p->s.python.in_use_bytes;
+    s.allocs_python += p->s.python.allocs;
+    s.allocs_malloc += p->s.allocs - p->s.python.allocs;
     s.faults += p->f.total;
     s.pages_touched += p->f.pages_first_touched;
   }

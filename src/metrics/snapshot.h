@@ -30,6 +30,9 @@ struct ProcessSample {
   uint64_t allocs = 0, frees = 0, bytes_allocated = 0, failed_allocs = 0;
   uint64_t mmap_allocator = 0, mmap_program = 0;  // bytes mapped, in all
   uint64_t faults = 0, pages_touched = 0;         // --faults
+  // The allocator domains (issue 32): malloc's and CPython's pymalloc (of the totals above).
+  uint64_t in_use_malloc = 0, in_use_python = 0;  // bytes, gauges
+  uint64_t allocs_malloc = 0, allocs_python = 0;  // counters
 };
 
 struct Snapshot {

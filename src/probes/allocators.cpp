@@ -11,7 +11,8 @@ namespace memtrace::probes {
 const char* role_name(Role r) {
   static const char* names[] = {"malloc",         "calloc",        "realloc",  "reallocarray",
                                 "free",           "posix_memalign", "aligned_alloc",
-                                "memalign",       "valloc",        "pvalloc",  "aligned_new"};
+                                "memalign",       "valloc",        "pvalloc",  "aligned_new",
+                                "PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "PyObject_Free"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Role::kCount));
   auto i = static_cast<uint32_t>(r);
   return i < static_cast<uint32_t>(Role::kCount) ? names[i] : "?";
@@ -27,6 +28,10 @@ Needs needs_for(Role r) {
     case Role::kPosixMemalign: n.arg_mask = 0x5; break;  // memptr, (alignment), size
     case Role::kAlignedAlloc:
     case Role::kMemalign: n.arg_mask = 0x2; break;       // (alignment), size
+    case Role::kPyMalloc: n.arg_mask = 0x3; break;       // ctx, size
+    case Role::kPyFree: n.arg_mask = 0x3; break;         // ctx, ptr
+    case Role::kPyCalloc:
+    case Role::kPyRealloc: n.arg_mask = 0x7; break;      // ctx, nelem/ptr, size
     default: n.arg_mask = 0x1; break;                    // size
   }
   n.reads_rsp = true;

@@ -29,6 +29,12 @@ enum class Role : uint32_t {
   // makes (bpf/memtrace.h MT_ROLE_ALIGNED_NEW). Not a malloc-family role:
   // find_cxx_aligned_new finds its symbols.
   kAlignedNew,
+  // CPython's pymalloc functions, the python domain (bpf/memtrace.h
+  // MT_ROLE_PY_*): ctx first. Found by src/python/pymem.h, not here.
+  kPyMalloc,
+  kPyCalloc,
+  kPyRealloc,
+  kPyFree,
   kCount,
 };
 const char* role_name(Role r);  // "malloc", "calloc", ...
@@ -38,7 +44,7 @@ Needs needs_for(Role r);
 // Every role but free and aligned new has a return probe (aligned new: a C++
 // exception thrown through a uretprobe'd frame finds the kernel's trampoline
 // as its return address, no unwind info there, and calls std::terminate).
-inline bool has_return_probe(Role r) { return r != Role::kFree && r != Role::kAlignedNew; }
+inline bool has_return_probe(Role r) { return r != Role::kFree && r != Role::kAlignedNew && r != Role::kPyFree; }
 
 // kCxx: not an allocator, a C++ runtime whose aligned operator new is probed
 // (find_cxx_aligned_new).

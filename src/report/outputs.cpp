@@ -100,7 +100,7 @@ std::vector<StackCounts> stack_counts(const heap::Process& p) {
   v.reserve(p.stack_allocs.size());
   for (const auto& [id, sa] : p.stack_allocs)
     if (sa.live_bytes || sa.live_blocks || sa.bytes || sa.allocs)
-      v.push_back({id, sa.live_bytes, sa.live_blocks, sa.bytes, sa.allocs});
+      v.push_back({id, sa.live_bytes, sa.live_blocks, sa.bytes, sa.allocs, sa.python});
   std::sort(v.begin(), v.end(), [](const StackCounts& a, const StackCounts& b) { return a.stack_id < b.stack_id; });
   return v;
 }

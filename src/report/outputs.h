@@ -46,6 +46,7 @@ struct StackCounts {
   uint64_t stack_id = 0;
   uint64_t live_bytes = 0, live_blocks = 0;  // at the end (sum: in_use_bytes / in_use_blocks)
   uint64_t alloc_bytes = 0, alloc_count = 0;  // every allocation from it while traced
+  bool python = false;                        // the python domain's (heap::StackAllocs::python)
 };
 // Every stack of p with anything to count, by stack id.
 std::vector<StackCounts> stack_counts(const heap::Process& p);

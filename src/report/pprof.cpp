@@ -204,6 +204,12 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
       comm_label.i64(1, st.id("comm"));
       comm_label.i64(2, st.id(p.comm));
       sm.msg(3, comm_label);
+      if (p.s.python.allocs) {  // two allocator domains in this process (issue 32)
+        Pb alloc_label;
+        alloc_label.i64(1, st.id("allocator"));
+        alloc_label.i64(2, st.id(c.python ? "python" : "malloc"));
+        sm.msg(3, alloc_label);
+      }
       prof.msg(kSample, sm);
     }
   }

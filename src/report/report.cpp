@@ -229,6 +229,7 @@ std::vector<LeakGroup> leak_groups(const heap::Process& p) {
       lg.bytes += b.size;
       lg.blocks++;
       if (!b.touched) lg.untouched_blocks++;
+      if (b.py) lg.python_blocks++;
     }
   }
   std::vector<LeakGroup> v;
@@ -447,6 +448,17 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
   }
   os << "    total heap usage: " << s.allocs << " allocs, " << s.frees << " frees, "
      << s.bytes_allocated << " bytes allocated\n";
+  if (const heap::DomainSummary& py = s.python; py.allocs || py.frees || py.unknown_frees || py.in_use_blocks) {
+    // Two allocator domains (issue 32): malloc's and CPython's pymalloc.
+    os << "    by domain: malloc " << s.allocs - py.allocs << " allocs, " << s.frees - py.frees << " frees, "
+       << s.bytes_allocated - py.bytes_allocated << " bytes allocated, in use " << s.in_use_bytes - py.in_use_bytes
+       << " bytes in " << s.in_use_blocks - py.in_use_blocks << " blocks\n";
+    os << "               python " << py.allocs << " allocs, " << py.frees << " frees, " << py.bytes_allocated
+       << " bytes allocated, in use " << py.in_use_bytes << " bytes in " << py.in_use_blocks << " blocks, peak "
+       << py.peak_in_use_bytes << " bytes";
+    if (py.unknown_frees) os << ", " << py.unknown_frees << " frees of blocks not seen allocated";
+    os << "\n";
+  }
   os << "    peak in use: " << s.peak_in_use_bytes << " bytes" << (p.merged ? " (the largest member's)" : "");
   if (s.peak_ts && p.first_ts && !p.merged)
     os << " at " << seconds(since_first(p, s.peak_ts)) << " (of " << seconds(traced_seconds(p)) << " traced)";
@@ -614,6 +626,28 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
         {"temporary_allocs", s.temporary_allocs},
         {"peak_ts_ns", s.peak_ts},
     };
+    {
+      const heap::DomainSummary& py = s.python;
+      jp["summary"]["domains"] = {
+          {"malloc",
+           {{"allocs", s.allocs - py.allocs},
+            {"frees", s.frees - py.frees},
+            {"bytes_allocated", s.bytes_allocated - py.bytes_allocated},
+            {"in_use_bytes", s.in_use_bytes - py.in_use_bytes},
+            {"in_use_blocks", s.in_use_blocks - py.in_use_blocks},
+            {"failed_allocs", s.failed_allocs - py.failed_allocs},
+            {"unknown_frees", s.unknown_frees - py.unknown_frees}}},
+          {"python",
+           {{"allocs", py.allocs},
+            {"frees", py.frees},
+            {"bytes_allocated", py.bytes_allocated},
+            {"in_use_bytes", py.in_use_bytes},
+            {"in_use_blocks", py.in_use_blocks},
+            {"peak_in_use_bytes", py.peak_in_use_bytes},
+            {"failed_allocs", py.failed_allocs},
+            {"unknown_frees", py.unknown_frees}}},
+      };
+    }
     json leaks = json::array();
     if (o.leaks) {
       auto groups = leak_groups(p);
@@ -625,6 +659,7 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
         json jl = {{"bytes", g.bytes}, {"blocks", g.blocks}, {"stack_id", hex(g.stack_id)}, {"stack", stack},
                    {"stack_truncated", trunc}};
         if (m.faults_enabled()) jl["untouched_blocks"] = g.untouched_blocks;
+        if (s.python.allocs) jl["python_blocks"] = g.python_blocks;
         leaks.push_back(std::move(jl));
       }
       jp["leak_groups_total"] = groups.size();

@@ -67,6 +67,7 @@ struct Drops {
 struct LeakGroup {
   uint64_t bytes = 0, blocks = 0, stack_id = 0;
   uint64_t untouched_blocks = 0;  // no page fault landed in them (--faults)
+  uint64_t python_blocks = 0;     // of blocks: the python domain's (pymalloc); not kept once sealed
 };
 std::vector<LeakGroup> leak_groups(const heap::Process& p);
 

@@ -51,7 +51,7 @@ TEST(Allocators, RoleNamesMatchTheBpfContract) {
   EXPECT_STREQ(role_name(Role::kFree), "free");
   EXPECT_STREQ(role_name(Role::kPvalloc), "pvalloc");
   EXPECT_STREQ(role_name(Role::kAlignedNew), "aligned_new");
-  EXPECT_EQ(static_cast<int>(Role::kCount), 11);
+  EXPECT_EQ(static_cast<int>(Role::kCount), 15);
   EXPECT_FALSE(has_return_probe(Role::kFree));
   EXPECT_FALSE(has_return_probe(Role::kAlignedNew));
   EXPECT_TRUE(has_return_probe(Role::kReallocarray));

@@ -109,6 +109,12 @@
     ];
     if (s.temporary_allocs !== undefined) items.push(`${group(s.temporary_allocs)} temporary`);
     if (s.mmap_bytes_direct) items.push(`${bytes(s.mmap_bytes_direct)} mapped directly`);
+    const py = s.domains && s.domains.python;
+    if (py && (py.allocs || py.in_use_blocks)) {
+      const ma = s.domains.malloc;
+      items.push(`malloc domain: ${bytes(ma.in_use_bytes)} in ${group(ma.in_use_blocks)} blocks, ${group(ma.allocs)} allocations`);
+      items.push(`python domain (pymalloc): ${bytes(py.in_use_bytes)} in ${group(py.in_use_blocks)} blocks, ${group(py.allocs)} allocations`);
+    }
     if (s.pages_first_touched !== undefined) items.push(`${group(s.pages_first_touched)} pages touched`);
     if (im.exit_code !== null && im.exit_code !== undefined) items.push(`exit status ${im.exit_code}`);
     for (const t of items) box.append(el("span", {}, t));
