@@ -204,6 +204,18 @@ struct {
 	__type(value, __u32);
 } loader_gone SEC(".maps");
 
+/* System-wide: statically linked programs (no interpreter) whose file the
+ * loader has looked at for an allocator, by the kernel's (dev, inode): the
+ * first exec of any other is stopped until the loader attached the file's
+ * probes (bpf/proc.bpf.h, mt_exec); those execs are not stopped again (the
+ * probes, attached to the file, are in every mm that maps it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct mt_file_key);
+	__type(value, __u32);
+} static_known SEC(".maps");
+
 #include "stack.bpf.h"
 
 static __always_inline void count(__u32 c)

@@ -103,6 +103,16 @@ enum mt_kind {
 /* MT_EV_ALLOC / ALLOC_FAIL: size is what the program asked a C++ aligned
  * operator new for, not the (rounded) size that operator passed on. */
 #define MT_F_CXX_NEW (1u << 12)
+/* MT_EV_EXEC in the lifecycle ring, system-wide: the program has no
+ * interpreter (statically linked: its allocator, if any, is in its own file). */
+#define MT_F_EXEC_STATIC (1u << 13)
+
+/* A file as the kernel names it: its superblock's s_dev (major << 20 | minor)
+ * and its inode number (the static_known map). */
+struct mt_file_key {
+	__u64 dev;
+	__u64 ino;
+};
 
 struct mt_hdr {
 	__u32 kind; /* enum mt_kind */
@@ -227,10 +237,10 @@ struct mt_py_code_key {
 /* MT_EV_EXEC / FORK / EXIT / LIBMAP */
 struct mt_proc_event {
 	struct mt_hdr h;
-	__u32 ppid;
+	__u32 ppid;      /* EXEC with MT_F_EXEC_STATIC: the program file's s_dev (as mt_file_key's) */
 	__s32 exit_code; /* EXIT: wait status style (code<<8 | sig) */
 	__u64 addr;      /* LIBMAP: start of the new mapping; EXEC: the exec's id (its time, as in the events ring's MT_EV_EXEC) */
-	__u64 len;
+	__u64 len;       /* EXEC with MT_F_EXEC_STATIC: the program file's inode */
 	char comm[MT_COMM_LEN];
 };
 

@@ -42,25 +42,12 @@ static __always_inline bool filter_matches(void)
 	return (ncomms && comm_matches()) || cgroup_matches();
 }
 
-/* MT_EV_MAPFILE of the program an exec starts (system-wide): its code's
- * range (mm's start_code: the first executable PT_LOAD's address), the
- * file really executed (a script's interpreter), and in pgoff the
- * interpreter's (ld.so's) load address from the auxiliary vector. */
+/* The interpreter's (ld.so's) load address from mm's auxiliary vector
+ * (AT_BASE), 0 when the program has none: statically linked (or ld.so run
+ * as the program). Filled by the ELF loader before the exec tracepoint. */
 #define MT_AUXV_PAIRS 32
-static __always_inline void map_event_exe(__u64 pid_tgid, struct task_struct *p, struct linux_binprm *bprm)
+static __always_inline __u64 interp_base(struct mm_struct *mm)
 {
-	struct mm_struct *mm = BPF_CORE_READ(p, mm);
-	struct mt_map_event *e;
-	__u64 base = 0;
-
-	if (!mm)
-		return;
-	e = map_event_reserve(pid_tgid, BPF_CORE_READ(bprm, file), sizeof(*e));
-	if (!e)
-		return;
-	e->start = BPF_CORE_READ(mm, start_code);
-	e->end = BPF_CORE_READ(mm, end_code);
-	e->is_exe = 1;
 	for (int i = 0; i < MT_AUXV_PAIRS; i++) {
 		unsigned long kv[2];
 		if (bpf_probe_read_kernel(kv, sizeof(kv), (char *)mm +
@@ -68,15 +55,54 @@ static __always_inline void map_event_exe(__u64 pid_tgid, struct task_struct *p,
 			break;
 		if (kv[0] == 0) /* AT_NULL */
 			break;
-		if (kv[0] == 7) { /* AT_BASE */
-			base = kv[1];
-			break;
-		}
+		if (kv[0] == 7) /* AT_BASE */
+			return kv[1];
 	}
+	return 0;
+}
+
+/* MT_EV_MAPFILE of the program an exec starts (system-wide): its code's
+ * range (mm's start_code: the first executable PT_LOAD's address), the
+ * file really executed (a script's interpreter), and in pgoff the
+ * interpreter's (ld.so's) load address (interp_base). */
+static __always_inline void map_event_exe(__u64 pid_tgid, struct mm_struct *mm, struct linux_binprm *bprm,
+					  __u64 base)
+{
+	struct mt_map_event *e;
+
+	e = map_event_reserve(pid_tgid, BPF_CORE_READ(bprm, file), sizeof(*e));
+	if (!e)
+		return;
+	e->start = BPF_CORE_READ(mm, start_code);
+	e->end = BPF_CORE_READ(mm, end_code);
+	e->is_exe = 1;
 	e->pgoff = base;
 	if (bpf_probe_read_kernel_str(e->path, sizeof(e->path), BPF_CORE_READ(bprm, interp)) < 0)
 		e->path[0] = 0;
 	bpf_ringbuf_submit(e, 0);
+}
+
+/* System-wide, an exec of a program without an interpreter (statically
+ * linked): its allocator is in its own file, which no library mapping will
+ * bring. Its first exec is stopped (before its first instruction) until the
+ * loader has looked at the file and attached its probes, unless the loader
+ * knows the file (static_known), is ending, or started the process itself
+ * (a helper the loader may wait for). */
+static __always_inline __u32 static_exec_flags(struct task_struct *p, struct linux_binprm *bprm,
+					       struct mt_file_key *kp)
+{
+	struct mt_file_key k = {};
+	struct file *f = BPF_CORE_READ(bprm, file);
+
+	if (!f)
+		return 0;
+	k.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	k.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	*kp = k;
+	if (bpf_map_lookup_elem(&static_known, &k) || tracing_stopped ||
+	    BPF_CORE_READ(p, real_parent, tgid) == self_pid)
+		return MT_F_EXEC_STATIC;
+	return MT_F_EXEC_STATIC | MT_F_STOPPED;
 }
 
 SEC("tp_btf/sched_process_exec")
@@ -105,10 +131,19 @@ int BPF_PROG(mt_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 	 * lifecycle one) so that the loader starts one image for the two. */
 	__u64 exec_id = bpf_ktime_get_ns();
 	if (system_wide) {
-		/* No stop system-wide: the loader only looks for new allocator objects. */
+		/* No stop system-wide (the loader only looks for new allocator
+		 * objects), but at a static program's first exec. */
+		struct mm_struct *mm = BPF_CORE_READ(p, mm);
+		__u64 base = mm ? interp_base(mm) : 1;
+		struct mt_file_key k = {};
+		__u32 flags = base ? 0 : static_exec_flags(p, bprm, &k);
+
 		emit(MT_EV_EXEC, 0, pid_tgid, exec_id, 0, 0, 0, 0, 0, 0);
-		proc_event(MT_EV_EXEC, 0, pid_tgid, 0, 0, exec_id, 0);
-		map_event_exe(pid_tgid, p, bprm);
+		/* The file in the record: a later exec, not stopped, may be over
+		 * before the loader could look at /proc/PID/exe. */
+		proc_event(MT_EV_EXEC, flags, pid_tgid, (__u32)k.dev, 0, exec_id, k.ino);
+		if (mm)
+			map_event_exe(pid_tgid, mm, bprm, base);
 		return 0;
 	}
 	t = bpf_map_lookup_elem(&targets, &tgid);

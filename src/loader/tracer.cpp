@@ -233,6 +233,12 @@ Result<void> Tracer::load() {
   hand_over_links_ = guardian_ && !getenv("MEMTRACE_SYNC_TEARDOWN");
   if (hand_over_links_)
     set_link_sink([this](const std::vector<int>& fds) { return bool(guardian_->hand_over(fds)); });
+  // System-wide: our own binary (static in the kernel tests' guests) is
+  // never stopped at an exec (the guardian's), nor probed (scan_system_allocators).
+  if (struct stat st {}; system_wide_ && stat("/proc/self/exe", &st) == 0) {
+    self_exe_ = {static_cast<uint64_t>(st.st_dev), st.st_ino};
+    set_static_known(self_exe_.first, self_exe_.second);
+  }
   memtrace_bpf* up = objs_.uprobe_object();
   if (int err = memtrace_bpf__attach(skel_); err)
     return Error::sys("attach BPF tracepoints", -err);

@@ -150,6 +150,15 @@ class Tracer {
   uint32_t image_of(pid_t pid);
   void scan_system_allocators(pid_t only = -1, uint64_t exec_id = 0);
   bool attach_again_later(pid_t pid, const std::string& why);
+  // System-wide: pid exec'd a program without an interpreter (MT_F_EXEC_STATIC),
+  // its mappings just read (tracer_attach.cpp).
+  void static_exec(pid_t pid, uint32_t kdev, uint64_t inode);  // the file as the kernel names it
+  void set_static_known(uint64_t dev, uint64_t inode);  // BPF's static_known: its execs not stopped
+  // Statically linked programs' files looked at, by (dev, inode): true if
+  // stripped with no allocator found (its processes' allocations untraced).
+  std::map<std::pair<uint64_t, uint64_t>, bool> static_files_;
+  uint64_t static_without_symbols_ = 0;  // execs of those (dropped: static_without_symbols)
+  uint64_t static_stops_ = 0, static_stop_max_us_ = 0;  // first execs stopped for their probes, and how long
   // System-wide exec (exec_id: the exec's id, heap::Process::exec_ts) or new code (0).
   void read_process_once(pid_t pid, uint64_t ts, uint64_t exec_id);
   // Every so often: raw stacks of ended images dropped, and BPF told to send them again.

@@ -14,11 +14,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "elf/elf_file.h"
 #include "loader/output_file.h"
 #include "loader/recording.h"
 #include "memtrace_bpf.skel.h"
@@ -149,6 +151,52 @@ bool Tracer::attach_again_later(pid_t pid, const std::string& why) {
   return true;
 }
 
+void Tracer::set_static_known(uint64_t dev, uint64_t inode) {
+  if (!skel_) return;
+  mt_file_key k{(static_cast<uint64_t>(major(dev)) << 20) | minor(dev), inode};  // the kernel's s_dev
+  uint32_t one = 1;
+  bpf_map_update_elem(bpf_map__fd(skel_->maps.static_known), &k, &one, BPF_ANY);
+}
+
+// System-wide: pid exec'd a program that has no interpreter (statically
+// linked): its allocator, if any, is in its own file, which no library
+// mapping brings. At the file's first exec BPF stopped it before its first
+// instruction, and read_process_once has just attached the file's probes
+// (system-wide, as a new libc's: scan_system_allocators), so it is traced
+// from its first call. From now on the file is known to BPF
+// (static_known): its next execs are not stopped, the probes are in every
+// process that maps it. A stripped one in which no allocator is found is
+// counted at each exec (static_without_symbols) and named once.
+void Tracer::static_exec(pid_t pid, uint32_t kdev, uint64_t inode) {
+  std::string exe = "/proc/" + std::to_string(pid) + "/exe";
+  auto key = std::make_pair(static_cast<uint64_t>(makedev(kdev >> 20, kdev & 0xfffff)), inode);  // as maps has it
+  auto it = static_files_.find(key);
+  if (it == static_files_.end()) {
+    // Not looked at yet: its first exec, stopped (or not: BPF's map full,
+    // the loader ending); gone already, nothing to look at.
+    struct stat st {};
+    if (stat(exe.c_str(), &st) != 0 || st.st_dev != key.first || st.st_ino != key.second) return;
+    bool blind = false;
+    if (!system_probes_.count(key) && key != self_exe_) {
+      // No allocator found in it: one without a symbol table cannot be
+      // looked into (ld.so run as a program is not one: it maps the program).
+      char path[PATH_MAX];
+      ssize_t n = readlink(exe.c_str(), path, sizeof path - 1);
+      std::string name = n > 0 ? std::string(path, n) : exe;
+      auto elf = elf::ElfFile::open(exe);
+      blind = elf && !elf->has_symtab() && elf->image().interp().empty() &&
+              name.find("/ld-linux") == std::string::npos && name.find("/ld-musl") == std::string::npos;
+      if (blind)
+        std::cerr << "memtrace-bpf: " << name << " (pid " << pid
+                  << ") is statically linked and stripped: no allocator symbols to probe, its processes' "
+                     "allocations are not traced (counted as static_without_symbols)\n";
+    }
+    it = static_files_.emplace(key, blind).first;
+    set_static_known(key.first, key.second);
+  }
+  if (it->second) static_without_symbols_++;
+}
+
 void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
   if (self_exe_.second == 0) {
     struct stat st {};
@@ -227,7 +275,7 @@ Result<void> Tracer::setup_targets() {
     // its libc's mmap (MT_EV_LIBMAP), from then on.
     if (system_probes_.empty())
       std::cerr << "memtrace-bpf: no running process maps a known allocator yet; the first programs that map "
-                   "one are traced from when its probes are in\n";
+                   "one are traced from when its probes are in (a static program's from its exec)\n";
     return {};
   }
   for (pid_t pid : o_.pids) {

@@ -124,6 +124,18 @@ int Tracer::on_proc_event(void* data, size_t len) {
         exec_comms_[pid] = {e.addr, comm};          // its fork in the drain below gets its name
         lifecycle_execs_.insert({pid, e.addr});     // its events-ring record may go on (on_event)
         read_process_once(pid, e.h.ts, e.addr ? e.addr : e.h.ts);
+        if (e.h.flags & MT_F_EXEC_STATIC) static_exec(pid, e.ppid, e.len);
+        // A static program's first exec, stopped until its probes were in
+        // (static_exec): on its way now, not after the drain below.
+        if (stopped) {
+          resume(pid);
+          stopped = false;
+          uint64_t us = (monotonic_ns() - e.h.ts) / 1000;
+          static_stops_++;
+          static_stop_max_us_ = std::max(static_stop_max_us_, us);
+          log("static program pid " + std::to_string(pid) + " (" + comm + ") stopped " + std::to_string(us) +
+              " us at its exec for its probes");
+        }
       }
       else resolver_.exec(pid, e.addr ? e.addr : e.h.ts, snap.maps());  // its own address space (the old one's stacks seal with theirs)
       // The old image's last events, then the events stream's own MT_EV_EXEC

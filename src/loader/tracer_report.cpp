@@ -86,6 +86,10 @@ report::Drops Tracer::drops() {
   d.dropped["stack_record_missing"] = model_.missing_stacks();
   d.dropped["malformed"] = model_.malformed_records();
   d.dropped["attach_failed"] = attach_failures_;
+  // System-wide: execs of stripped static programs (no allocator to probe).
+  d.dropped["static_without_symbols"] = static_without_symbols_;
+  d.stats["static_exec_stops"] = static_stops_;          // first execs of static programs, held for their probes
+  d.stats["static_exec_stop_max_us"] = static_stop_max_us_;  // the longest such hold
   if (inject_leftovers_restored_ || inject_leftovers_unrestored_) {  // processes, not events
     d.stats["inject_leftovers_restored"] = inject_leftovers_restored_;
     d.dropped["inject_leftovers_unrestored"] = inject_leftovers_unrestored_;

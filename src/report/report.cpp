@@ -546,6 +546,9 @@ const char* drop_meaning(const std::string& k) {
       {"stack_record_missing", "events whose stack record was lost: counted, under \"(no stack)\""},
       {"malformed", "records that could not be read: counts may be low"},
       {"attach_failed", "attaches that failed (see the error lines): those processes are missing or incomplete"},
+      {"static_without_symbols",
+       "execs of statically linked, stripped programs (system-wide): no allocator symbols to probe, their "
+       "allocations are not traced"},
       {"inject_leftovers_unrestored",
        "processes a killed --inject session left patched and that could not be put back: their counts are "
        "incomplete"},

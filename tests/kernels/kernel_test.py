@@ -13,7 +13,9 @@ test programs and the targets at their build-tree paths.
 
 Inside, two phases:
   1. nothing but static binaries: `memtrace-bpf --check`, then the tool traces
-     a statically linked target (alloc_rounds_static, exact counts);
+     a statically linked target (alloc_rounds_static, exact counts), launched
+     and started under system-wide tracing (as launched; a stripped one
+     counted as static_without_symbols);
   2. the targets' shared libraries are put in place (what a user's programs
      bring) and the GoogleTest integration and fault tests run.
 One result per test is printed here; the exit code is 1 if any failed or the
@@ -46,6 +48,7 @@ TARGETS = [  # build-tree files the tests run, besides the suites
     "src/singlestep-helper/memtrace-singlestep",
     "tests/targets/alloc_rounds",
     "tests/targets/alloc_rounds_static",
+    "tests/targets/alloc_rounds_static_stripped",
     "tests/targets/mt_comm_target",
     "tests/targets/no_allocator",
     "tests/targets/demo_target",
@@ -202,6 +205,7 @@ export CI=@CI@
 echo "@@KERNEL $(uname -r)"
 TOOL=@TOOL@
 STATIC=@STATIC@
+STRIPPED=@STATIC@_stripped
 
 # Phase 1: static binaries only, no shared library anywhere.
 echo "@@BEGIN static.Check"
@@ -216,6 +220,27 @@ for r in 0 20; do
   cat /tmp/static$r.out
   echo "@@END static.Launch.$r $rc"
 done
+# System-wide, a static program started mid-run (its first exec stopped for
+# its probes, the next one on them), then a stripped one (static_without_symbols).
+echo "@@BEGIN static.SystemWide"
+$TOOL --format json -o /tmp/sw.json 2>/tmp/sw.err &
+tool=$!
+i=0
+while ! grep -q tracing /tmp/sw.err && [ $i -lt 600 ]; do sleep 1; i=$((i + 1)); done
+$STATIC --rounds 20 > /tmp/sw20.out & p20=$!; wait $p20
+$STATIC --rounds 0 > /tmp/sw0.out & p0=$!; wait $p0
+$STRIPPED --rounds 1 > /dev/null
+sleep 1
+kill -INT $tool
+wait $tool
+rc=$?
+cat /tmp/sw.json
+echo "@@STDOUT"
+echo "pids $p0 $p20"
+cat /tmp/sw20.out
+echo "@@STDERR"
+cat /tmp/sw.err
+echo "@@END static.SystemWide $rc"
 
 # Phase 2: the shared libraries the targets and tests need.
 cp -a /payload/. /
@@ -320,7 +345,42 @@ def static_results(sec):
         ok, why = False, "system calls not on fexit: " + body.strip()[-2000:]
     res.append(("static.Check", ok, why))
     res.append(("static.LaunchCountsExactly", *launch_counts(sec, "static.Launch.", "alloc_rounds_st")))
+    res.append(("static.SystemWideCountsAsLaunched", *system_wide_counts(sec)))
     return res
+
+
+def system_wide_counts(sec):
+    """(ok, why) for static.SystemWide: the static program's two runs under
+    system-wide tracing, --rounds 20 (its file's first exec) and 0; the
+    first counted as launch mode counts it (static.Launch.20), the two 20
+    rounds apart exactly; the stripped one's exec counted, its file named."""
+    rc, body = sec.get("static.SystemWide", (None, ""))
+    js, _, rest = body.partition("@@STDOUT\n")
+    out, _, err = rest.partition("@@STDERR\n")
+    try:
+        rep = json.loads(js)
+        _, ljs = sec.get("static.Launch.20", (None, ""))
+        launched = [p for p in json.loads(ljs.partition("@@STDOUT\n")[0])["processes"]
+                    if p["comm"] == "alloc_rounds_st"]
+    except (ValueError, KeyError):
+        return False, f"tool failed (rc {rc}): " + body[-2000:]
+    m = re.search(r"^pids (\d+) (\d+)$", out, re.M)
+    per = re.search(r"per_round allocs=(\d+) frees=(\d+) bytes=(\d+)", out)
+    if rc != 0 or not m or not per or not launched:
+        return False, f"rc {rc}, no pids, per_round line or launched run: " + body[-2000:]
+    procs = {p["pid"]: p for p in rep["processes"]}
+    p0, p20 = procs.get(int(m.group(1))), procs.get(int(m.group(2)))
+    if not p0 or not p20:
+        return False, "a static run missing from the report: " + err[-2000:]
+    why = ""
+    for i, k in enumerate(("allocs", "frees", "bytes_allocated")):
+        if p20["summary"][k] != launched[0]["summary"][k]:
+            why += f"{k}: {p20['summary'][k]} != launched {launched[0]['summary'][k]}; "
+        if p20["summary"][k] - p0["summary"][k] != 20 * int(per.group(i + 1)):
+            why += f"{k}: {p20['summary'][k]} - {p0['summary'][k]} != 20 * {per.group(i + 1)}; "
+    if rep["dropped"].get("static_without_symbols", 0) < 1 or "alloc_rounds_static_stripped (pid" not in err:
+        why += "the stripped program not counted or named: " + err[-1000:]
+    return not why, why
 
 
 def launch_counts(sec, prefix, comm):
@@ -417,7 +477,7 @@ def main():
         tail = open(console, errors="replace").read()[-3000:] if os.path.exists(console) else ""
         print(f"FAIL vm: {'timed out after %d s' % a.timeout if timed_out else 'did not finish'}; "
               f"last results:\n{text[-3000:]}\nconsole:\n{tail}")
-    expected = 2 + 1  # static results + at least one gtest
+    expected = 3 + 1  # static results + at least one gtest
     ok = done and not failed and len(rows) >= expected
     print(f"== {'PASS' if ok else 'FAIL'}: {len(rows) - len(failed)} of {len(rows)} passed on {booted}")
     return 0 if ok else 1
