@@ -204,12 +204,13 @@ std::optional<PyMem> find_pymalloc(pid_t pid, const Interpreter& in, const std::
     // copies run unless the slot holds another address.
     bool promoted = false;
     for (const WrapperRefs* w : {&om, &of, &mm, &oc, &orr}) promoted |= w->constants.count(f) != 0;
-    std::optional<uint64_t> jmp = promoted ? find_jmp_to(*elf, fdes, f) : std::nullopt;
+    // 0: none (a plain value: gcc 12 sees an optional's copies as maybe uninitialized)
+    const uint64_t jmp = promoted ? find_jmp_to(*elf, fdes, f).value_or(0) : 0;
     if (jmp) {
       for (auto base : {obj, mem})
         if (base) {
           const uint64_t* s = base == obj ? o : m;
-          if (s[i + 1] == o[i + 1]) pm.slots.push_back({*base + bias + 8 * (i + 1), o[i + 1], *jmp + bias});
+          if (s[i + 1] == o[i + 1]) pm.slots.push_back({*base + bias + 8 * (i + 1), o[i + 1], jmp + bias});
         }
     } else if (promoted) {
       pm.inlined_sites += promoted_sites(*elf, f);
@@ -222,15 +223,15 @@ std::optional<PyMem> find_pymalloc(pid_t pid, const Interpreter& in, const std::
       site.placement = own;
     } else {
       // The jmp: emulated, the return address at [rsp] (entry and return probe on one trap).
-      site.name = std::string("jmp ") + names[i] + " at " + hex(*jmp);
-      site.vaddr = *jmp;
-      std::vector<uint8_t> code = elf->read_vaddr(*jmp, 16);
-      site.placement = probes::choose_entry_offset(code, *jmp, needs);
+      site.name = std::string("jmp ") + names[i] + " at " + hex(jmp);
+      site.vaddr = jmp;
+      std::vector<uint8_t> code = elf->read_vaddr(jmp, 16);
+      site.placement = probes::choose_entry_offset(code, jmp, needs);
     }
     auto off = elf->vaddr_to_offset(site.vaddr);
     if (!off) return fail(std::string(names[i]) + " at " + hex(f) + " is in no segment of " + in.path);
     site.file_offset = *off;
-    note += std::string(i ? ", " : "") + names[i] + " " + hex(f) + (jmp ? " via " + hex(*jmp) : "") + " probed at " +
+    note += std::string(i ? ", " : "") + names[i] + " " + hex(f) + (jmp ? " via " + hex(jmp) : "") + " probed at " +
             site.name + "+" + std::to_string(site.placement.offset);
     pm.sites.push_back(std::move(site));
   }

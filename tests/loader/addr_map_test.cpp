@@ -297,7 +297,7 @@ TEST(AddrMap, RandomAgainstUnorderedMap) {
 TEST(AddrMap, HoldsBlocks) {
   AddrMap<memtrace::heap::Block> m;
   memtrace::heap::StackAllocs sa;
-  memtrace::heap::Block b{100, 7, 12345, true, &sa};
+  memtrace::heap::Block b{100, 7, 12345, true, false, &sa};
   m.try_emplace(0x55550010, b);
   auto it = m.find(0x55550010);
   ASSERT_TRUE(it != m.end());
