@@ -40,7 +40,7 @@ if [ -n "$stale" ] || [ ! -x "$bin" ]; then
   [ -z "$stale" ] || echo "$stale" | xargs -P 2 -n 1 sh -c \
     'o="$build/obj/$(echo "$1" | tr / _).o"; $cxx $flags -c "$1" -o "$o.tmp" && mv "$o.tmp" "$o"' sh
   # shellcheck disable=SC2046
-  "$cxx" -fsanitize=fuzzer,address,undefined -o "$bin.tmp" $(for f in $srcs; do obj "$f"; done) -lbpf -ldw -lelf -llzma -lz -ldl
+  "$cxx" -fsanitize=fuzzer,address,undefined -o "$bin.tmp" $(for f in $srcs; do obj "$f"; done) -lbpf -ldw -lelf -lcapstone -llzma -lz -ldl
   mv "$bin.tmp" "$bin"
 fi
 [ "$secs" -gt 0 ] || exit 0
