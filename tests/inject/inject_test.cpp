@@ -238,7 +238,7 @@ TEST(Inject, CliRefusesSystemWide) {
   MEMTRACE_REQUIRE_ROOT();
   ToolRun r = run_argv({MEMTRACE_BIN, "--inject"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--inject needs -p PID, -c COMM or a program to launch"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--inject needs -p PID, -c COMM, --cgroup PATH or a program to launch"), std::string::npos) << r.err;
 }
 
 namespace {
