@@ -155,6 +155,9 @@ struct mt_event {
  * get has py_nr 0. */
 #define MT_MAX_PY_FRAMES 64
 #define MT_PY_ENTRY (1ull << 63)
+/* (0, MT_PY_SHIM): the shim frame below an entry frame (3.13, MT_PYP_OWNER):
+ * the pair before it is the entry frame's; the splice drops it. */
+#define MT_PY_SHIM (1ull << 62)
 struct mt_stack {
 	struct mt_hdr h;
 	__u64 stack_id;
@@ -185,6 +188,7 @@ MT_STATIC_ASSERT((MT_STACK_SLOTS & (MT_STACK_SLOTS - 1)) == 0, "MT_STACK_SLOTS")
  * frame + frame_previous. Offsets of a frame's fields are from frame_window,
  * the start of the one read per frame (MT_PY_WINDOW bytes). */
 #define MT_PY_WINDOW 40
+#define MT_PY_WINDOW_OWNER 72 /* MT_PYP_OWNER's (3.13: f_executable at 0 .. owner at 70) */
 struct mt_py_proc {
 	__u64 tss_addr;       /* &_PyRuntime.autoTSSkey (3.11: _PyRuntime + 592) */
 	__u32 tsd_off;        /* glibc's struct pthread.specific_1stblock (2.36 x86-64: 0x310) */
@@ -194,13 +198,25 @@ struct mt_py_proc {
 	__u8 w_code;          /* in the window: f_code (0) */
 	__u8 w_previous;      /* previous (16) */
 	__u8 w_prev_instr;    /* prev_instr (24) */
-	__u8 w_is_entry;      /* is_entry (36) */
-	__u16 pad;
+	__u8 w_is_entry;      /* is_entry (36); MT_PYP_OWNER: owner (3.13: 70 - 0) */
+	__u8 flags;           /* MT_PYP_* */
+	__u8 owner_cstack;    /* MT_PYP_OWNER: the owner value of an entry's shim frame */
 	/* Code objects (MT_EV_PYCODE): PyCodeObject's fields, a compact ASCII
 	 * str's characters, a bytes object's size and bytes. */
 	__u16 co_firstlineno, co_filename, co_qualname, co_linetable;
 	__u16 str_state, str_ascii_data, bytes_size, bytes_data;
+	__s32 tls_off;        /* MT_PYP_TLS: tstate = *(fsbase + tls_off) (3.13's _Py_tss_tstate) */
+	__u32 pad;
 };
+/* 3.12+ (3.13 done): the thread state is a TLS variable of the executable
+ * (tss_addr, tsd_off unused); */
+#define MT_PYP_TLS 1
+/* no _PyCFrame: frame = *(tstate + tstate_cframe) (3.13's current_frame); */
+#define MT_PYP_NO_CFRAME 2
+/* no is_entry: a frame whose owner byte (at w_is_entry) is owner_cstack is
+ * the shim a _PyEval_EvalFrameDefault call puts below its first frame: not
+ * a Python frame, it is sent as a pair (0, MT_PY_SHIM). */
+#define MT_PYP_OWNER 4
 
 /* MT_EV_PYCODE: sent with a new stack (before it, same CPU: in ring order)
  * for each of its code objects that this tgid has not sent with its

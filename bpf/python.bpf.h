@@ -35,8 +35,8 @@ struct {
 
 static __always_inline __u64 mt_py_u64(const struct mt_py_window *w, __u32 off)
 {
-	if (off > MT_PY_WINDOW - 8)
-		off = MT_PY_WINDOW - 8;
+	if (off > MT_PY_WINDOW_OWNER - 8)
+		off = MT_PY_WINDOW_OWNER - 8;
 	return *(const __u64 *)&w->b[off];
 }
 
@@ -115,6 +115,8 @@ static long mt_pyc_step(__u32 i, void *data)
 	if (!pp || !w || !rec || !s)
 		return 1;
 	code = s->ips[(c->n + 2 * i) & (MT_STACK_SLOTS - 1)];
+	if (!code) /* an entry's shim (MT_PY_SHIM) */
+		return 0;
 	if (bpf_probe_read_user(w->b, MT_PYC_WINDOW, (void *)(code + pp->co_firstlineno)))
 		return 0; /* the loader names it "?" (python_code_unreadable) */
 	k.tgid = tgid;
@@ -188,27 +190,29 @@ static __always_inline __u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
 	w = bpf_map_lookup_elem(&py_window, &zero);
 	if (!w)
 		return h;
-	/* autoTSSkey: {int _is_initialized; pthread_key_t _key} */
-	if (bpf_probe_read_user(tss, sizeof(tss), (void *)pp->tss_addr)) {
-		count(MT_C_PY_READ_FAILED);
-		return h;
-	}
-	if (!tss[0] || tss[1] < 0 || tss[1] >= 32) {
-		/* not initialized yet (start-up), or a key past glibc's first block */
-		count(tss[0] && tss[1] >= 32 ? MT_C_PY_READ_FAILED : MT_C_PY_NO_TSTATE);
-		return h;
-	}
-#ifndef MT_COMPAT
 	fsbase = bpf_get_current_task_btf()->thread.fsbase;
-#else
-	{
-		struct task_struct *t = (void *)bpf_get_current_task();
-		fsbase = BPF_CORE_READ(t, thread.fsbase);
-	}
-#endif
-	if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)(fsbase + pp->tsd_off + (__u64)tss[1] * 16 + 8))) {
-		count(MT_C_PY_READ_FAILED);
-		return h;
+	if (pp->flags & MT_PYP_TLS) {
+		/* 3.13: _Py_tss_tstate, NULL while the thread is detached
+		 * (the GIL released) */
+		if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)(fsbase + (__s64)pp->tls_off))) {
+			count(MT_C_PY_READ_FAILED);
+			return h;
+		}
+	} else {
+		/* autoTSSkey: {int _is_initialized; pthread_key_t _key} */
+		if (bpf_probe_read_user(tss, sizeof(tss), (void *)pp->tss_addr)) {
+			count(MT_C_PY_READ_FAILED);
+			return h;
+		}
+		if (!tss[0] || tss[1] < 0 || tss[1] >= 32) {
+			/* not initialized yet (start-up), or a key past glibc's first block */
+			count(tss[0] && tss[1] >= 32 ? MT_C_PY_READ_FAILED : MT_C_PY_NO_TSTATE);
+			return h;
+		}
+		if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)(fsbase + pp->tsd_off + (__u64)tss[1] * 16 + 8))) {
+			count(MT_C_PY_READ_FAILED);
+			return h;
+		}
 	}
 	if (!tstate) {
 		count(MT_C_PY_NO_TSTATE);
@@ -218,13 +222,17 @@ static __always_inline __u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
 		count(MT_C_PY_READ_FAILED);
 		return h;
 	}
-	if (!cframe) { /* a thread state being made or torn down: no frames */
-		count(MT_C_PY_NO_TSTATE);
-		return h;
-	}
-	if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + pp->cframe_current))) {
-		count(MT_C_PY_READ_FAILED);
-		return h;
+	if (pp->flags & MT_PYP_NO_CFRAME) {
+		frame = cframe; /* 3.13: tstate->current_frame itself (NULL: no frames yet) */
+	} else {
+		if (!cframe) { /* a thread state being made or torn down: no frames */
+			count(MT_C_PY_NO_TSTATE);
+			return h;
+		}
+		if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + pp->cframe_current))) {
+			count(MT_C_PY_READ_FAILED);
+			return h;
+		}
 	}
 	n = s->nr;
 	if (n > MT_MAX_FRAMES)
@@ -238,17 +246,28 @@ static __always_inline __u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
 			count(MT_C_PY_CUT);
 			break;
 		}
-		if (bpf_probe_read_user(w->b, MT_PY_WINDOW, (void *)(frame + pp->frame_window))) {
+		if (bpf_probe_read_user(w->b, (pp->flags & MT_PYP_OWNER) ? MT_PY_WINDOW_OWNER : MT_PY_WINDOW,
+					(void *)(frame + pp->frame_window))) {
 			count(MT_C_PY_READ_FAILED);
 			break;
 		}
 		code = mt_py_u64(w, pp->w_code);
 		instr = mt_py_u64(w, pp->w_prev_instr);
 		e = pp->w_is_entry;
-		if (e > MT_PY_WINDOW - 1)
-			e = MT_PY_WINDOW - 1;
-		if (w->b[e])
+		if (e > MT_PY_WINDOW_OWNER - 1)
+			e = MT_PY_WINDOW_OWNER - 1;
+		if (pp->flags & MT_PYP_OWNER) {
+			/* an entry's shim: a pair of its own, the frame above it
+			 * the entry frame (src/python's splice; skipped here, the
+			 * count of pairs would differ from i on the paths, which
+			 * the verifier walks one by one past its limit) */
+			if (w->b[e] == pp->owner_cstack) {
+				code = 0;
+				instr = MT_PY_SHIM;
+			}
+		} else if (w->b[e]) {
 			instr |= MT_PY_ENTRY;
+		}
 		s->ips[(n + 2 * py) & (MT_STACK_SLOTS - 1)] = code;
 		s->ips[(n + 2 * py + 1) & (MT_STACK_SLOTS - 1)] = instr;
 		h = mt_hash_step(h, code);

@@ -274,25 +274,53 @@ static int first_sight(uint64_t id) {
 static inline int py_ptr_ok(uint64_t p) { return p >= 4096 && p < (1ull << 47) && !(p & 7); }
 
 static int py_walk(const struct mt_py_proc* pp, uint64_t* out, int max_pairs) {
-  const int32_t* tss = (const int32_t*)(uintptr_t)pp->tss_addr;
-  /* autoTSSkey: {int _is_initialized; pthread_key_t _key}; 0 before the
-   * runtime's start and after its end */
-  if (!__atomic_load_n(&tss[0], __ATOMIC_RELAXED)) return 0;
-  uint64_t ts = (uint64_t)(uintptr_t)pthread_getspecific((pthread_key_t)tss[1]);
+  uint64_t ts;
+  if (pp->flags & MT_PYP_TLS) {
+#if defined(__x86_64__)
+    /* 3.13: _Py_tss_tstate, a TLS variable of the executable (NULL while
+     * the thread is detached) */
+    __asm__ volatile("movq %%fs:(%1), %0" : "=r"(ts) : "r"((int64_t)pp->tls_off));
+#else
+    return 0;
+#endif
+  } else {
+    const int32_t* tss = (const int32_t*)(uintptr_t)pp->tss_addr;
+    /* autoTSSkey: {int _is_initialized; pthread_key_t _key}; 0 before the
+     * runtime's start and after its end */
+    if (!__atomic_load_n(&tss[0], __ATOMIC_RELAXED)) return 0;
+    ts = (uint64_t)(uintptr_t)pthread_getspecific((pthread_key_t)tss[1]);
+  }
   if (!py_ptr_ok(ts)) return 0;
-  uint64_t cf = *(const uint64_t*)(uintptr_t)(ts + pp->tstate_cframe);
-  if (!py_ptr_ok(cf)) return 0; /* a thread state being made or torn down */
-  uint64_t f = *(const uint64_t*)(uintptr_t)(cf + pp->cframe_current);
-  int n = 0;
+  uint64_t cf = *(const uint64_t*)(uintptr_t)(ts + pp->tstate_cframe), f;
+  if (pp->flags & MT_PYP_NO_CFRAME) {
+    f = cf; /* 3.13: tstate->current_frame */
+  } else {
+    if (!py_ptr_ok(cf)) return 0; /* a thread state being made or torn down */
+    f = *(const uint64_t*)(uintptr_t)(cf + pp->cframe_current);
+  }
+  int n = 0, shims = 0;
   while (py_ptr_ok(f) && n < max_pairs) {
     const char* w = (const char*)(uintptr_t)(f + pp->frame_window);
     uint64_t code, instr, prev;
     memcpy(&code, w + pp->w_code, 8);
     memcpy(&instr, w + pp->w_prev_instr, 8);
     memcpy(&prev, w + pp->w_previous, 8);
-    if (!py_ptr_ok(code)) break;
-    out[2 * n] = code;
-    out[2 * n + 1] = instr | (w[pp->w_is_entry] ? MT_PY_ENTRY : 0);
+    if (pp->flags & MT_PYP_OWNER) {
+      if ((uint8_t)w[pp->w_is_entry] == pp->owner_cstack) {
+        /* an entry's shim: the frame above it is the entry frame */
+        if (n) out[2 * n - 1] |= MT_PY_ENTRY;
+        if (++shims > max_pairs) break; /* no chain has more shims than frames */
+        f = prev;
+        continue;
+      }
+      if (!py_ptr_ok(code)) break;
+      out[2 * n] = code;
+      out[2 * n + 1] = instr;
+    } else {
+      if (!py_ptr_ok(code)) break;
+      out[2 * n] = code;
+      out[2 * n + 1] = instr | (w[pp->w_is_entry] ? MT_PY_ENTRY : 0);
+    }
     n++;
     f = prev;
   }

@@ -6,6 +6,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 
@@ -49,7 +50,31 @@ bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_
   v.w_code = 0;
   v.w_previous = static_cast<uint8_t>(l.frame_previous - l.frame_code);
   v.w_prev_instr = static_cast<uint8_t>(l.frame_prev_instr - l.frame_code);
-  v.w_is_entry = static_cast<uint8_t>(l.frame_is_entry - l.frame_code);
+  if (l.frame_owner) {  // 3.13: the window from f_executable, the shims found by their owner
+    uint16_t lo = std::min({l.frame_code, l.frame_previous, l.frame_prev_instr, l.frame_owner});
+    uint16_t hi = std::max({l.frame_code + 8, l.frame_previous + 8, l.frame_prev_instr + 8, l.frame_owner + 1});
+    if (hi - lo > MT_PY_WINDOW_OWNER) {
+      if (py_unsupported_.insert(d.interp->path).second)
+        std::cerr << "memtrace-bpf: CPython " << d.interp->version() << " (" << d.interp->path
+                  << "): its frame's fields span " << hi - lo << " bytes, more than the walk reads; native stacks only\n";
+      return false;
+    }
+    v.frame_window = lo;
+    v.w_code = static_cast<uint8_t>(l.frame_code - lo);
+    v.w_previous = static_cast<uint8_t>(l.frame_previous - lo);
+    v.w_prev_instr = static_cast<uint8_t>(l.frame_prev_instr - lo);
+    v.w_is_entry = static_cast<uint8_t>(l.frame_owner - lo);
+    v.owner_cstack = l.owner_cstack;
+    v.flags |= MT_PYP_OWNER;
+  } else {
+    v.w_is_entry = static_cast<uint8_t>(l.frame_is_entry - l.frame_code);
+  }
+  if (l.tstate_tls) {
+    v.flags |= MT_PYP_TLS;
+    v.tls_off = l.tstate_tls;
+    v.tss_addr = 0;
+  }
+  if (l.no_cframe) v.flags |= MT_PYP_NO_CFRAME;
   v.co_firstlineno = static_cast<uint16_t>(l.co_firstlineno);
   v.co_filename = static_cast<uint16_t>(l.co_filename);
   v.co_qualname = static_cast<uint16_t>(l.co_qualname ? l.co_qualname : l.co_name);

@@ -55,6 +55,81 @@ const Layout* layout_for(int major, int minor) {
   return nullptr;
 }
 
+// _Py_DebugOffsets of 3.13 (Include/internal/pycore_runtime.h of 3.13.5):
+// cookie, version, free_threaded, then groups of uint64 offsets, each group's
+// first the struct's size. Byte positions in the structure:
+//   24 runtime_state(3) 48 interpreter_state(13) 152 thread_state(9)
+//   224 interpreter_frame(6) 272 code_object(10) 352 pyobject(2) 368 type(4)
+//   400 tuple(3) 424 list(3) 448 dict(3) 472 float(2) 488 long(3)
+//   512 bytes(3) 536 unicode(4) 568 gc(2): 584 bytes.
+Result<Layout> layout_from_debug_offsets(const std::vector<uint8_t>& b, uint64_t runtime_size) {
+  if (b.size() < 584) return Error::msg("_PyRuntime unreadable");
+  if (memcmp(b.data(), "xdebugpy", 8) != 0) return Error::msg("no _Py_DebugOffsets at the start of _PyRuntime");
+  auto u = [&](size_t at) {
+    uint64_t v;
+    memcpy(&v, b.data() + at, 8);
+    return v;
+  };
+  uint64_t version = u(8);
+  if ((version >> 16) != 0x030d)
+    return Error::msg("_Py_DebugOffsets of version " + std::to_string(version >> 24) + "." +
+                      std::to_string((version >> 16) & 0xff) + ": only 3.13's structure is read");
+  if (u(16) != 0) return Error::msg("a free-threaded build");
+  // The groups' sizes and the fixed offsets of str and bytes check that this
+  // is the structure read here (a shifted group reads other numbers).
+  if (u(24) != runtime_size || u(512 + 8) != 16 || u(512 + 16) != 32 || u(536 + 16) != 16 || u(352) != 16 ||
+      u(536 + 24) < 32 || u(536 + 24) > 64)
+    return Error::msg("_Py_DebugOffsets not laid out as 3.13's");
+  auto off16 = [&](size_t at) -> std::optional<uint16_t> {
+    uint64_t v = u(at);
+    if (v > 0xffff) return std::nullopt;
+    return static_cast<uint16_t>(v);
+  };
+  Layout l;
+  l.major = 3;
+  l.minor = 13;
+  l.from_debug_offsets = true;
+  l.no_cframe = true;
+  auto cur = off16(152 + 32), fsize = off16(224), prev = off16(224 + 8), exe = off16(224 + 16),
+       instr = off16(224 + 24), owner = off16(224 + 40);
+  if (!cur || !fsize || !prev || !exe || !instr || !owner || *fsize > 256)
+    return Error::msg("_Py_DebugOffsets' thread state or frame offsets out of range");
+  l.tstate_cframe = *cur;
+  l.frame_code = *exe;
+  l.frame_previous = *prev;
+  l.frame_prev_instr = *instr;
+  l.frame_owner = *owner;
+  l.owner_cstack = 3;  // FRAME_OWNED_BY_CSTACK (3.13's pycore_frame.h)
+  l.co_filename = static_cast<uint32_t>(u(272 + 8));
+  l.co_name = static_cast<uint32_t>(u(272 + 16));
+  l.co_qualname = static_cast<uint32_t>(u(272 + 24));
+  l.co_linetable = static_cast<uint32_t>(u(272 + 32));
+  l.co_firstlineno = static_cast<uint32_t>(u(272 + 40));
+  l.co_code_units = static_cast<uint32_t>(u(272 + 72));
+  for (uint32_t o : {l.co_filename, l.co_name, l.co_qualname, l.co_linetable, l.co_firstlineno, l.co_code_units})
+    if (o == 0 || o > u(272)) return Error::msg("_Py_DebugOffsets' code object offsets out of range");
+  l.bytes_size = static_cast<uint32_t>(u(512 + 8));
+  l.bytes_data = static_cast<uint32_t>(u(512 + 16));
+  l.str_state = static_cast<uint32_t>(u(536 + 8));
+  l.str_length = static_cast<uint32_t>(u(536 + 16));
+  l.str_ascii_data = static_cast<uint32_t>(u(536 + 24));
+  // PyCompactUnicodeObject: the ASCII header, utf8_length and utf8 (3.12+)
+  l.str_compact_data = l.str_ascii_data + 16;
+  return l;
+}
+
+std::optional<int32_t> tls_offset_from_code(const std::vector<uint8_t>& c) {
+  size_t i = 0;
+  if (c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa) i = 4;  // endbr64
+  // mov %fs:disp32,%rax (64 48 8b 04 25 disp32), then ret
+  static const uint8_t mov[] = {0x64, 0x48, 0x8b, 0x04, 0x25};
+  if (c.size() < i + 10 || memcmp(&c[i], mov, sizeof mov) != 0 || c[i + 9] != 0xc3) return std::nullopt;
+  int32_t off;
+  memcpy(&off, &c[i + 5], 4);
+  if (off >= 0 || off < -(1 << 20)) return std::nullopt;  // variant II: below the thread pointer
+  return off;
+}
+
 Result<Mode> parse_mode(const std::string& s) {
   if (s == "off") return Mode::Off;
   if (s == "on") return Mode::On;
@@ -161,21 +236,39 @@ Detected detect(const std::vector<procfs::Mapping>& maps, const std::string& roo
       }
     }
     if (!in.major && !version_from_name(base_name(m.path), &in.major, &in.minor)) continue;
-    const Layout* l = layout_for(in.major, in.minor);
-    if (!l) {
-      d.unsupported = "CPython " + in.version() + " (" + m.path + ") is not supported: Python frames need 3.11; native stacks only";
-      return d;
+    if (in.major == 3 && in.minor == 13) {
+      // The layout the interpreter publishes, and where its thread state lives.
+      auto unsupported = [&](const std::string& why) {
+        d.unsupported = "CPython " + in.version() + " (" + m.path + "): " + why + "; native stacks only";
+        return d;
+      };
+      auto l = layout_from_debug_offsets(elf->read_vaddr(runtime->vaddr, 584), runtime->size);
+      if (!l) return unsupported(l.error().message);
+      auto get = elf->find_function("_PyThreadState_GetCurrent");
+      std::optional<int32_t> tls;
+      if (get) tls = tls_offset_from_code(elf->read_vaddr(get->vaddr, 16));
+      if (!tls) return unsupported("its thread state is not a TLS variable of the executable (a shared libpython)");
+      in.layout = *l;
+      in.layout.tstate_tls = *tls;
+    } else {
+      const Layout* l = layout_for(in.major, in.minor);
+      if (!l) {
+        d.unsupported = "CPython " + in.version() + " (" + m.path + ") is not supported: Python frames need 3.11 or 3.13; native stacks only";
+        return d;
+      }
+      in.layout = *l;
     }
-    in.layout = *l;
     // PyCode_Type as the file initializes it (static data: what the process
     // has too, before and after it runs): tp_basicsize, and in a file not
     // relocated at load (ET_EXEC) its member table's offsets.
-    if (auto b = elf->read_vaddr(code_type->vaddr + 32, 8); b.size() == 8) {
+    if (in.layout.from_debug_offsets) {
+      // the structure's offsets are the interpreter's own
+    } else if (auto b = elf->read_vaddr(code_type->vaddr + 32, 8); b.size() == 8) {
       int64_t basic;
       memcpy(&basic, b.data(), 8);
       if (basic > 0 && basic < 4096) in.layout.co_code_units = static_cast<uint32_t>(basic);
     }
-    if (elf->type() == 2 /*ET_EXEC*/)
+    if (elf->type() == 2 /*ET_EXEC*/ && !in.layout.from_debug_offsets)
       if (auto b = elf->read_vaddr(code_type->vaddr + 240, 8); b.size() == 8) {
         uint64_t members;
         memcpy(&members, b.data(), 8);
@@ -320,7 +413,7 @@ std::optional<std::string> CodeReader::read_bytes(uint64_t obj) const {
 // PyTypeObject (3.11): tp_basicsize at 32, tp_members at 240; PyMemberDef
 // {char *name; int type; Py_ssize_t offset; int flags; char *doc} (40 bytes).
 void CodeReader::init_layout() {
-  if (layout_read_) return;
+  if (layout_read_ || in_.layout.from_debug_offsets) return;
   int64_t basic = 0;
   if (!read(in_.code_type + 32, &basic, 8)) return;  // not readable yet: tried again
   layout_read_ = true;
@@ -402,6 +495,20 @@ std::optional<PyFrame> CodeReader::frame(uint64_t code, uint64_t prev_instr, Cou
 std::vector<uint64_t> splice(const uint64_t* ips, uint32_t nr, const uint64_t* pairs, uint32_t py_nr, Mode mode,
                              const Interpreter& in, const std::function<uint64_t(uint64_t, uint64_t)>& name,
                              size_t max_frames, bool* cut, Counts& c) {
+  // 3.13's shims (0, MT_PY_SHIM): dropped, the pair before each an entry frame's.
+  std::vector<uint64_t> unshimmed;
+  for (uint32_t k = 0; k < py_nr; k++)
+    if (pairs[2 * k + 1] & MT_PY_SHIM) {
+      if (unshimmed.empty()) continue;
+      unshimmed.back() |= MT_PY_ENTRY;
+    } else {
+      unshimmed.push_back(pairs[2 * k]);
+      unshimmed.push_back(pairs[2 * k + 1]);
+    }
+  if (unshimmed.size() != 2 * size_t{py_nr}) {
+    pairs = unshimmed.data();
+    py_nr = static_cast<uint32_t>(unshimmed.size() / 2);
+  }
   std::vector<uint64_t> out;
   uint32_t j = 0;
   auto py = [&](uint32_t k) { return name(pairs[2 * k], pairs[2 * k + 1] & ~uint64_t(MT_PY_ENTRY)); };

@@ -52,7 +52,24 @@ struct Layout {
   // str (PEP 393 compact objects) and bytes
   uint32_t str_length = 16, str_state = 32, str_ascii_data = 48, str_compact_data = 72;
   uint32_t bytes_size = 16, bytes_data = 32;
+  // 3.12+: the thread's PyThreadState is the TLS variable _Py_tss_tstate, at
+  // fsbase + tstate_tls (the interpreter's _PyThreadState_GetCurrent reads it
+  // so); 0: through the TSS key (3.11).
+  int32_t tstate_tls = 0;
+  bool no_cframe = false;    // 3.13: tstate_cframe is PyThreadState.current_frame itself
+  uint16_t frame_owner = 0;  // 3.12+: _PyInterpreterFrame.owner (no is_entry) ...
+  uint8_t owner_cstack = 0;  // ... and its FRAME_OWNED_BY_CSTACK: the shim below an entry frame
+  bool from_debug_offsets = false;  // read from _Py_DebugOffsets: PyCode_Type's tables change nothing
 };
+// 3.13+: the layout published at the start of _PyRuntime (_Py_DebugOffsets),
+// its cookie and version checked; bytes: the file's (or the process's) copy,
+// at least 584 of them. Error: not that structure, or not a version whose
+// structure this reads (one line).
+Result<Layout> layout_from_debug_offsets(const std::vector<uint8_t>& bytes, uint64_t runtime_size);
+// 3.12+: the fs-relative offset of _Py_tss_tstate, from the code of
+// _PyThreadState_GetCurrent (a local-exec TLS load in an executable:
+// [endbr64] mov %fs:disp32,%rax; ret); nullopt: other code (a shared libpython).
+std::optional<int32_t> tls_offset_from_code(const std::vector<uint8_t>& code);
 const Layout* layout_for(int major, int minor);  // nullptr: not supported
 
 enum class Mode { Off, On, Only };

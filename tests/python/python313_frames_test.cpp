@@ -1,0 +1,175 @@
+// Python frames in allocation stacks (issue 32) on CPython 3.13: Debian 13
+// (trixie)'s python3.13, run with chroot in a root that trixie_root.sh makes
+// from trixie's packages (once; cached in the build dir). The layout comes
+// from the interpreter's own _Py_DebugOffsets, the thread state from its TLS
+// variable; the oracle is tracemalloc in the same process, as for 3.11.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "harness.h"
+#include "memtrace.h"
+#include "procfs/proc_maps.h"
+#include "py_oracle.h"
+#include "python/python.h"
+#include "shell.h"
+#include "test_env.h"
+
+using namespace memtrace::testing;
+namespace py = memtrace::python;
+
+namespace {
+
+// The root, made once per build dir (flock: one maker at a time).
+const std::string& trixie_root() {
+  static std::string root = [] {
+    std::string dir = std::string(TARGET_DIR) + "/trixie";
+    std::string out = shell_output("flock " + dir + ".lock " + SCRIPT_DIR + "/trixie_root.sh " + dir + " 2>&1");
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    std::string last = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+    if (access((last + "/usr/bin/python3.13").c_str(), X_OK) != 0) return "error: " + out;
+    return last;
+  }();
+  return root;
+}
+
+// The target inside the root: the same script as the 3.11 tests'.
+std::string script_in_root() {
+  std::string dst = trixie_root() + "/tmp/py_frames_target.py";
+  shell_output(std::string("cp ") + SCRIPT_DIR + "/py_frames_target.py " + dst);
+  return "/tmp/py_frames_target.py";
+}
+
+class Python313 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MEMTRACE_REQUIRE_ROOT();  // chroot
+    if (trixie_root().rfind("error: ", 0) == 0) MEMTRACE_SKIP_OR_FAIL("no trixie root: " + trixie_root());
+  }
+  std::vector<std::string> python(std::vector<std::string> args) {
+    std::vector<std::string> argv = {"/usr/sbin/chroot", trixie_root(), "/usr/bin/python3.13"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+};
+
+class Python313Bpf : public Python313 {
+ protected:
+  void SetUp() override {
+    Python313::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no BTF: BPF CO-RE unavailable");
+  }
+};
+
+// The interpreter of a live python3.13 in the chroot (its mappings name the
+// files by their host paths): 3.13, its layout from _Py_DebugOffsets, its
+// thread state a TLS variable; and code objects read with that layout name
+// each instruction's line as the interpreter's own co_lines does.
+TEST_F(Python313, ReadsTheLayoutFromDebugOffsetsAndCodeObjectsWithIt) {
+  std::string prog =
+      "import sys\n"
+      "class K:\n"
+      "    def meth(self, x):\n"
+      "        y = x + 1\n"
+      "        return [y,\n"
+      "                y * 2]\n"
+      "c = K.meth.__code__\n"
+      "print(id(c), flush=True)\n"
+      "for s, e, l in c.co_lines():\n"
+      "    print('L', s, e, l, flush=True)\n"
+      "print('ready', flush=True)\n"
+      "sys.stdin.readline()\n";
+  Child c = spawn(python({"-c", prog}));
+  std::string acc;
+  ASSERT_TRUE(read_until(c.out, "ready", &acc)) << acc;
+  auto maps = memtrace::procfs::read_maps(c.pid);
+  ASSERT_TRUE(maps);
+  py::Detected d = py::detect(*maps);
+  ASSERT_TRUE(d.interp) << d.unsupported;
+  EXPECT_EQ(d.interp->major, 3);
+  EXPECT_EQ(d.interp->minor, 13);
+  EXPECT_EQ(d.interp->path, trixie_root() + "/usr/bin/python3.13");
+  const py::Layout& l = d.interp->layout;
+  EXPECT_TRUE(l.from_debug_offsets);
+  EXPECT_TRUE(l.no_cframe);
+  EXPECT_LT(l.tstate_tls, 0);
+  EXPECT_NE(l.frame_owner, 0);
+  EXPECT_EQ(l.str_ascii_data, 40u);  // 3.12+: no wstr
+  uint64_t code = std::stoull(acc);
+  py::CodeReader r(c.pid, *d.interp);
+  py::Counts counts;
+  std::istringstream in(acc);
+  std::string tok;
+  int checked = 0;
+  while (in >> tok) {
+    if (tok != "L") continue;
+    long s, e;
+    std::string ln;
+    in >> s >> e >> ln;
+    for (long off = s; off < e; off += 2) {
+      // instr_ptr at the instruction of byte offset off
+      auto f = r.frame(code, code + l.co_code_units + off, counts);
+      ASSERT_TRUE(f);
+      EXPECT_EQ(f->function, "K.meth");
+      EXPECT_EQ(f->file, "<string>");
+      EXPECT_EQ(f->line, ln == "None" ? 0 : std::stoi(ln)) << "offset " << off;
+      checked++;
+    }
+  }
+  close(c.in);
+  wait_exit(c.pid);
+  EXPECT_GT(checked, 5);
+  EXPECT_EQ(counts.code_unreadable, 0u);
+}
+
+// The structure checked, not trusted: another cookie, another version, a
+// shifted group: each refused with one line.
+TEST(Python313Layout, DebugOffsetsAreChecked) {
+  std::vector<uint8_t> b(584, 0);
+  EXPECT_FALSE(py::layout_from_debug_offsets(b, 0x452f0));
+  memcpy(b.data(), "xdebugpy", 8);
+  uint64_t v = 0x030d05f0;
+  memcpy(b.data() + 8, &v, 8);
+  auto r = py::layout_from_debug_offsets(b, 0x452f0);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("not laid out as 3.13's"), std::string::npos) << r.error().message;
+  v = 0x030e00f0;
+  memcpy(b.data() + 8, &v, 8);
+  r = py::layout_from_debug_offsets(b, 0x452f0);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("version 3.14"), std::string::npos) << r.error().message;
+  // _PyThreadState_GetCurrent: endbr64; mov %fs:-0x18,%rax; ret
+  std::vector<uint8_t> get = {0xf3, 0x0f, 0x1e, 0xfa, 0x64, 0x48, 0x8b, 0x04, 0x25, 0xe8, 0xff, 0xff, 0xff, 0xc3};
+  EXPECT_EQ(py::tls_offset_from_code(get), -0x18);
+  get[4] = 0x90;
+  EXPECT_FALSE(py::tls_offset_from_code(get));
+}
+
+void expect_tracemallocs_lines(const ToolRun& r) {
+  expect_same_as_tracemalloc(r, parse_oracle(r.out), "python3.13");
+  // the walk found frames: no stack of the script's line without them
+  EXPECT_GT(r.report["stats"].value("python_code_records", 0), 0) << r.report["stats"].dump();
+}
+
+TEST_F(Python313Bpf, LaunchedDefaultAllocatorChargesTracemallocsLinesOfBigBlocks) {
+  std::vector<std::string> args = {"--"};
+  for (const auto& a : python({script_in_root()})) args.push_back(a);
+  ToolRun r = run_tool(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_tracemallocs_lines(r);
+}
+
+TEST_F(Python313Bpf, LaunchedPythonMallocMallocChargesTracemallocsLines) {
+  std::vector<std::string> args = {"--"};
+  for (const auto& a : python({script_in_root()})) args.push_back(a);
+  setenv("PYTHONMALLOC", "malloc", 1);
+  ToolRun r = run_tool(args);
+  unsetenv("PYTHONMALLOC");
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_tracemallocs_lines(r);
+}
+
+}  // namespace
