@@ -246,29 +246,42 @@ void UnwindMaps::unref(const CfiTable* t) {
   if (--it->second.refs == 0) it->second.idle_since = std::chrono::steady_clock::now();
 }
 
-Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vector<Mapping>* out) {
+std::optional<uint64_t> row_bias(const CfiTable& table, uint64_t start, uint64_t offset) {
+  // load bias: runtime address = ELF vaddr + bias
+  const elf::Segment* seg = nullptr;
+  for (auto& s : table.segments)
+    if (offset >= (s.offset & ~uint64_t(0xfff)) && offset < s.offset + s.filesz && (s.flags & PF_X)) seg = &s;
+  if (!seg)
+    for (auto& s : table.segments)
+      if (offset >= (s.offset & ~uint64_t(0xfff)) && offset < s.offset + std::max<uint64_t>(s.filesz, 1)) seg = &s;
+  if (!seg) return std::nullopt;
+  uint64_t load_bias = start - offset - (seg->vaddr - seg->offset);
+  return load_bias + table.base;
+}
+
+Fd open_mapped_file(pid_t pid, const ProcMapping& m, std::string* what) {
   char mf[96];
   std::snprintf(mf, sizeof mf, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, pid, m.start, m.end);
-  std::string what = m.path.empty() ? std::string(mf) : m.path;
+  *what = m.path.empty() ? std::string(mf) : m.path;
   Fd fd(::open(mf, O_RDONLY | O_CLOEXEC));
   if (!fd.valid() && !m.path.empty() && m.path[0] == '/') {
     std::string alt = "/proc/" + std::to_string(pid) + "/root" + m.path;
     fd.reset(::open(alt.c_str(), O_RDONLY | O_CLOEXEC));
   }
+  return fd;
+}
+
+Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vector<Mapping>* out) {
+  std::string what;
+  Fd fd = open_mapped_file(pid, m, &what);
   if (!fd.valid()) return Error::sys("open mapped file " + what + " of pid " + std::to_string(pid));
   auto t0 = std::chrono::steady_clock::now();
   auto t = store_.get(fd.get(), what);
   build_ms_ += ms_since(t0);
   if (!t) return t.error();
   const CfiTable& table = **t;
-  // load bias: runtime address = ELF vaddr + bias
-  const elf::Segment* seg = nullptr;
-  for (auto& s : table.segments)
-    if (m.offset >= (s.offset & ~uint64_t(0xfff)) && m.offset < s.offset + s.filesz && (s.flags & PF_X)) seg = &s;
-  if (!seg)
-    for (auto& s : table.segments)
-      if (m.offset >= (s.offset & ~uint64_t(0xfff)) && m.offset < s.offset + std::max<uint64_t>(s.filesz, 1)) seg = &s;
-  if (!seg) {
+  auto bias = row_bias(table, m.start, m.offset);
+  if (!bias) {
     // No code of the file there: ld.so reserves a library's whole extent
     // with the first segment's protections before it maps the others, and
     // a read at that moment sees the tail past every PT_LOAD executable
@@ -277,8 +290,7 @@ Result<void> UnwindMaps::add_mapping(pid_t pid, const ProcMapping& m, std::vecto
     out->push_back(Mapping{m.start, m.end, 0, nullptr, {}});
     return {};
   }
-  uint64_t load_bias = m.start - m.offset - (seg->vaddr - seg->offset);
-  Mapping mp{m.start, m.end, load_bias + table.base, table.rows.empty() ? nullptr : *t, {}};
+  Mapping mp{m.start, m.end, *bias, table.rows.empty() ? nullptr : *t, {}};
   if (struct stat st; fstat(fd.get(), &st) == 0)
     mp.file = FileKey{(uint64_t(major(st.st_dev)) << 20) | minor(st.st_dev), st.st_ino};
   out->push_back(std::move(mp));

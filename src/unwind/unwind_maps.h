@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,6 +56,15 @@ struct UnwindStats {
   double build_ms = 0;        // time spent building tables (parsing CFI)
   double load_ms = 0;         // time spent copying rows and adding shards
 };
+
+// Of the table's file mapped at `start` from file `offset`: what a runtime
+// address less is a row's pc (the load bias + table.base); nullopt: no
+// code of the file there (ld.so's reservation of a library's extent).
+std::optional<uint64_t> row_bias(const CfiTable& table, uint64_t start, uint64_t offset);
+// The file of pid's mapping m, exactly the mapped one (/proc/PID/map_files;
+// its path under /proc/PID/root if that cannot be opened); *what names it
+// for messages. Not valid: neither opened (errno says why).
+Fd open_mapped_file(pid_t pid, const ProcMapping& m, std::string* what);
 
 class UnwindMaps {
  public:
