@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "memtrace.h"
+#include "inject/agent_unwind.h"
 #include "inject/ring.h"
 
 #define TLS __attribute__((tls_model("initial-exec"))) __thread
@@ -61,6 +62,8 @@ struct view {
   uint64_t mask;
   uint64_t* seen;  /* stacks already sent (first_sight) */
   int stack_mode;
+  struct mt_cfi cfi; /* MT_INJ_STACK_CFI: the loader's rows, this session's memo */
+  int cfi_verify;    /* MT_INJ_CFI_VERIFY */
   int tsc;         /* records carry the TSC */
   int py;          /* walk CPython's frames (hdr py_frames; pyp says where) */
   struct mt_py_proc pyp;
@@ -388,19 +391,55 @@ static void py_send_codes(const struct mt_py_proc* pp, const uint64_t* pairs, in
   }
 }
 
+/* libunwind's stack from the hook's caller on (ips[0] = ret). Inlined into
+ * the hook: buf[0] is inside it. */
+static __attribute__((always_inline)) inline int unw_stack(uint64_t* ips, void* ret, uint32_t* flags) {
+  void* buf[MT_MAX_FRAMES + 2];
+  int got = g_unw_backtrace(buf, MT_MAX_FRAMES + 2), n = 0;
+  /* buf[0]: inside the hook; then its caller. Start at the hook's return address. */
+  int at = 0;
+  while (at < got && at < 3 && buf[at] != ret) at++;
+  if (at == got || at == 3) at = got > 1 ? 1 : got;
+  for (int i = at; i < got && n < MT_MAX_FRAMES; i++) ips[n++] = (uint64_t)(uintptr_t)buf[i];
+  if (got == MT_MAX_FRAMES + 2) *flags |= MT_F_STACK_TRUNCATED;
+  return n;
+}
+
+/* The loader's CFI rows (agent_unwind.c): libunwind's stack at a few table
+ * lookups a frame; a walk they cannot finish is libunwind's (stack_slow),
+ * or, without it, the frames they gave, flagged truncated (stack_cut). */
+static __attribute__((always_inline)) inline int cfi_stack(uint64_t* ips, void* ret, uintptr_t bp, uint32_t* flags) {
+  if (UNLIKELY(!t_stack_hi)) thread_stack_bounds();
+  uintptr_t lo = bp > t_stack_lo ? bp : t_stack_lo;
+  int n = 0;
+  enum mt_cfi_walk_result r = mt_cfi_walk(&t_v->cfi, ips, MT_MAX_FRAMES, &n, (uintptr_t)ret, bp, lo, t_stack_hi);
+  if (r == MT_CFI_FULL) *flags |= MT_F_STACK_TRUNCATED;
+  if (LIKELY(r != MT_CFI_SLOW)) {
+    if (UNLIKELY(t_v->cfi_verify) && g_unw_backtrace) {
+      uint64_t u[MT_MAX_FRAMES];
+      uint32_t uf = 0;
+      int m = unw_stack(u, ret, &uf);
+      __atomic_fetch_add(&t_v->hdr->stack_verified, 1, __ATOMIC_RELAXED);
+      if (m != n || memcmp(u, ips, sizeof(uint64_t) * (size_t)n) != 0 || (uf ^ *flags) & MT_F_STACK_TRUNCATED)
+        __atomic_fetch_add(&t_v->hdr->stack_mismatch, 1, __ATOMIC_RELAXED);
+    }
+    return n;
+  }
+  __atomic_fetch_add(&t_v->hdr->stack_slow, 1, __ATOMIC_RELAXED);
+  if (g_unw_backtrace) return unw_stack(ips, ret, flags);
+  __atomic_fetch_add(&t_v->hdr->stack_cut, 1, __ATOMIC_RELAXED);
+  *flags |= MT_F_STACK_TRUNCATED;
+  return n;
+}
+
 /* The stack of the current hook call, sent if new: its id (0: none). */
 static __attribute__((always_inline)) inline uint64_t take_stack(void* ret, uintptr_t bp, uint32_t* flags) {
   uint64_t ips[MT_STACK_SLOTS];
   int n = 0;
-  if (t_v->stack_mode == MT_INJ_STACK_LIBUNWIND && g_unw_backtrace) {
-    void* buf[MT_MAX_FRAMES + 2];
-    int got = g_unw_backtrace(buf, MT_MAX_FRAMES + 2);
-    /* buf[0]: inside the hook; then its caller. Start at the hook's return address. */
-    int at = 0;
-    while (at < got && at < 3 && buf[at] != ret) at++;
-    if (at == got || at == 3) at = got > 1 ? 1 : got;
-    for (int i = at; i < got && n < MT_MAX_FRAMES; i++) ips[n++] = (uint64_t)(uintptr_t)buf[i];
-    if (got == MT_MAX_FRAMES + 2) *flags |= MT_F_STACK_TRUNCATED;
+  if (t_v->stack_mode == MT_INJ_STACK_CFI) {
+    n = cfi_stack(ips, ret, bp, flags);
+  } else if (t_v->stack_mode == MT_INJ_STACK_LIBUNWIND && g_unw_backtrace) {
+    n = unw_stack(ips, ret, flags);
   } else if (t_v->stack_mode != MT_INJ_STACK_NONE) {
     n = fp_stack(ips, MT_MAX_FRAMES, ret, bp);
     if (n == MT_MAX_FRAMES) *flags |= MT_F_STACK_TRUNCATED;
@@ -1244,6 +1283,53 @@ static void agent_failed(struct mt_inj_hdr* r, const char* why) {
 static pthread_mutex_t g_attach_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_real_ok, g_atfork_ok;
 
+#if defined(__x86_64__)
+/* The executable segment holding address io[0]: [io[0], io[1]). */
+static int own_text(struct dl_phdr_info* info, size_t size, void* data) {
+  uint64_t* io = (uint64_t*)data;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
+    uint64_t lo = info->dlpi_addr + ph->p_vaddr;
+    if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X) && io[0] >= lo && io[0] < lo + ph->p_memsz) {
+      io[0] = lo;
+      io[1] = lo + ph->p_memsz;
+      return 1;
+    }
+  }
+  return 0;
+}
+#endif
+
+/* MT_INJ_STACK_CFI: the loader's rows in the ring's file (ring.h cfi_off),
+ * and a memo of this session's own (a later attach brings rows of the
+ * process's mappings then). 0: none usable. */
+static int cfi_view(struct view* v, const struct mt_inj_hdr* r, uint64_t file_bytes) {
+#if defined(__x86_64__)
+  uint64_t mods = r->cfi_mods, rows = r->cfi_rows, off = r->cfi_off;
+  uint64_t need = mods * sizeof(struct mt_inj_cfi_mod) + rows * sizeof(struct mt_unwind_row);
+  if (!off || !mods || off < r->hdr_bytes + r->data_bytes || off > file_bytes || need > file_bytes - off || (off & 7))
+    return 0;
+  void* memo = mmap(NULL, mt_cfi_memo_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memo == MAP_FAILED) return 0;
+  const char* base = (const char*)r + off;
+  v->cfi.mods = (const struct mt_inj_cfi_mod*)base;
+  v->cfi.nmods = (uint32_t)mods;
+  v->cfi.rows = (const struct mt_unwind_row*)(base + mods * sizeof(struct mt_inj_cfi_mod));
+  v->cfi.nrows = (uint32_t)rows;
+  v->cfi.memo = (uint64_t*)memo;
+  uint64_t self[2] = {(uintptr_t)&hook_malloc, 0};
+  dl_iterate_phdr(own_text, self);
+  v->cfi.self_lo = self[0];
+  v->cfi.self_hi = self[1];
+  return 1;
+#else
+  (void)v;
+  (void)r;
+  (void)file_bytes;
+  return 0;
+#endif
+}
+
 /* Maps this process's ring (the loader made it: MT_INJ_PATH_FMT) and hooks
  * the process: 0. 1: no ring for us (loaded by something else), 2: the
  * ring says why not (agent_error). The constructor's work, and a later
@@ -1311,7 +1397,9 @@ static int attach_ring(void) {
   v->pyp = r->py;
 #endif
   g_pid = (uint32_t)getpid();
-  if (v->stack_mode == MT_INJ_STACK_LIBUNWIND && !g_unw_backtrace) {
+  if (v->stack_mode == MT_INJ_STACK_CFI && !cfi_view(v, r, (uint64_t)st.st_size)) v->stack_mode = MT_INJ_STACK_LIBUNWIND;
+  v->cfi_verify = v->stack_mode == MT_INJ_STACK_CFI && (r->hook_flags & MT_INJ_CFI_VERIFY);
+  if ((v->stack_mode == MT_INJ_STACK_LIBUNWIND || v->stack_mode == MT_INJ_STACK_CFI) && !g_unw_backtrace) {
     void* u = real.dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
     if (u) {
       g_unw_backtrace = (unw_backtrace_fn)dlsym(u, "unw_backtrace");
@@ -1323,6 +1411,7 @@ static int attach_ring(void) {
     }
   }
   if (v->stack_mode == MT_INJ_STACK_LIBUNWIND && !g_unw_backtrace) v->stack_mode = MT_INJ_STACK_FP;
+  /* MT_INJ_STACK_CFI without libunwind: the rows alone (stack_cut counts what they could not finish) */
   r->stack_used = (uint32_t)v->stack_mode;
   void* seen = mmap(NULL, sizeof(uint64_t) << SEEN_BITS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   v->seen = seen == MAP_FAILED ? NULL : (uint64_t*)seen;
@@ -1337,6 +1426,7 @@ static int attach_ring(void) {
     /* Its memory given back; a hook still writing there gets fresh pages. */
     madvise(old->data, old->mask + 1, MADV_REMOVE);
     if (old->seen) madvise(old->seen, sizeof(uint64_t) << SEEN_BITS, MADV_DONTNEED);
+    if (old->cfi.memo) madvise(old->cfi.memo, mt_cfi_memo_bytes(), MADV_DONTNEED); /* zeroes: misses */
   }
   out = 0;
   pthread_mutex_unlock(&g_attach_lock);

@@ -40,7 +40,7 @@
 #include "memtrace.h" /* struct mt_py_proc, the records */
 
 #define MT_INJ_MAGIC 0x314a4e4945544d4dull /* "MMTEINJ1" */
-#define MT_INJ_VERSION 5
+#define MT_INJ_VERSION 6
 #define MT_INJ_PATH_FMT "/dev/shm/memtrace-inject.%d"
 #define MT_INJ_HDR_BYTES 8192 /* the data area starts two pages in */
 #define MT_INJ_POS_MASK ((1ull << 47) - 1)
@@ -66,6 +66,7 @@ enum mt_inj_agent_state {
 
 /* hook_flags: written by the loader before the agent loads. */
 #define MT_INJ_NO_GOT 1u
+#define MT_INJ_CFI_VERIFY 2u /* MT_INJ_STACK_CFI: every walk the rows finish is compared with libunwind's (stack_verified, stack_mismatch) */
 
 /* The program's allocator, as the loader found it (src/probes/allocators.cpp,
  * the BPF path's detection), when it is not glibc's: jemalloc, tcmalloc,
@@ -87,6 +88,21 @@ enum mt_inj_stack_mode {
 	MT_INJ_STACK_NONE = 0,
 	MT_INJ_STACK_FP = 1,        /* frame pointers, bounded by the thread's stack */
 	MT_INJ_STACK_LIBUNWIND = 2, /* libunwind's unw_backtrace (.eh_frame), FP if libunwind.so.8 is missing */
+	MT_INJ_STACK_CFI = 3,       /* the loader's CFI rows (cfi_off), walked by the agent (agent_unwind.c); a walk
+	                             * they cannot finish is redone by libunwind (stack_slow), FP without it */
+};
+
+/* MT_INJ_STACK_CFI (issue 33): the rows src/unwind builds from .eh_frame
+ * for the BPF unwinder (struct mt_unwind_row, bpf/memtrace.h), for every
+ * executable file mapping of the process when the loader attached, at
+ * cfi_off in the ring's file (after the data area): cfi_mods modules sorted
+ * by start, then cfi_rows rows; a module's rows are rows[first, first +
+ * count), sorted by pc, a row's pc being the runtime address - bias (one
+ * file's rows shared by its mappings). */
+struct mt_inj_cfi_mod {
+	uint64_t start, end; /* the executable mapping [start, end) */
+	uint64_t bias;       /* row pc = address - bias */
+	uint32_t first, count;
 };
 
 /* ts_mode: written by the loader before the agent loads. */
@@ -168,6 +184,21 @@ struct mt_inj_hdr {
 	 * whose strings were not compact ASCII or unreadable (the loader names
 	 * those frames from the process's memory while it lives) */
 	uint64_t py_cut;
+	/* loader: MT_INJ_STACK_CFI's rows (above); cfi_off 0: none */
+	uint64_t cfi_off;
+	uint32_t cfi_mods;
+	uint32_t cfi_rows;
+	/* agent, MT_INJ_STACK_CFI: walks the rows could not finish (a pc no
+	 * module or row covers: code mapped after the attach, hand-written
+	 * code without CFI; a rule the rows do not carry: signal frames; a
+	 * read outside the thread's stack), redone by libunwind; */
+	uint64_t stack_slow;
+	/* of those, stacks left incomplete (no libunwind: the frames the rows
+	 * gave, flagged MT_F_STACK_TRUNCATED) */
+	uint64_t stack_cut;
+	/* agent, MT_INJ_CFI_VERIFY: walks compared with libunwind's, and those that differed */
+	uint64_t stack_verified;
+	uint64_t stack_mismatch;
 	uint64_t head __attribute__((aligned(64))); /* producers: bytes reserved */
 	uint64_t pad1[7];
 	uint64_t tail __attribute__((aligned(64))); /* consumer: bytes consumed */

@@ -78,7 +78,7 @@ std::string agent_path() {
   return realpath(installed.c_str(), real) ? std::string(real) : installed;
 }
 
-Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode) {
+Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode, const CfiRows* cfi) {
   if (data_bytes < 4096 || (data_bytes & (data_bytes - 1)))
     return Error::msg("ring size " + std::to_string(data_bytes) + " is not a power of two of at least 4096");
   char path[64];
@@ -94,6 +94,11 @@ Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int sta
   // The target opens it as itself: its owner.
   if (fchown(fd.get(), st.st_uid, st.st_gid) != 0) return Error::sys(std::string("chown ") + path);
   r->map_bytes_ = MT_INJ_HDR_BYTES + data_bytes;
+  size_t cfi_off = 0;
+  if (cfi && !cfi->mods.empty()) {
+    cfi_off = r->map_bytes_;
+    r->map_bytes_ += (cfi->bytes() + 4095) & ~size_t(4095);
+  }
   if (ftruncate(fd.get(), static_cast<off_t>(r->map_bytes_)) != 0) return Error::sys(std::string("size ") + path);
   // Its pages allocated (and zeroed) here, now, not by the target's first
   // lap of writes: perf had clear_page_erms at up to 37% of python3's
@@ -112,6 +117,14 @@ Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int sta
   h.loader_pid = static_cast<uint32_t>(getpid());
   h.state = MT_INJ_ATTACHED;
   h.stack_mode = static_cast<uint32_t>(stack_mode);
+  if (cfi_off) {
+    char* at = static_cast<char*>(m) + cfi_off;
+    memcpy(at, cfi->mods.data(), cfi->mods.size() * sizeof(mt_inj_cfi_mod));
+    memcpy(at + cfi->mods.size() * sizeof(mt_inj_cfi_mod), cfi->rows.data(), cfi->rows.size() * sizeof(mt_unwind_row));
+    h.cfi_off = cfi_off;
+    h.cfi_mods = static_cast<uint32_t>(cfi->mods.size());
+    h.cfi_rows = static_cast<uint32_t>(cfi->rows.size());
+  }
   h.heartbeat_ns = monotonic_ns();
   if (tsc_is_clock()) {
     // A first rate over ~2 ms; every drain refines it.
@@ -235,7 +248,21 @@ size_t Ring::drain(const std::function<void(const void*, size_t)>& fn, size_t ma
 Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions& o) {
   if (access(o.agent.c_str(), R_OK) != 0) return Error::sys("agent library " + o.agent);
   if (auto r = can_inject(pid); !r) return r.error();
-  auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode);
+  // One snapshot of the maps for every step below.
+  ProcessView view = o.view;
+  if (view.maps.empty()) {
+    auto v = ProcessView::read(pid);
+    if (!v) return v.error();
+    view.maps = std::move(v->maps);
+  }
+  // MT_INJ_STACK_CFI: the rows of every executable file mapped now, built
+  // while the process runs untouched.
+  CfiRows cfi;
+  if (o.stack_mode == MT_INJ_STACK_CFI) {
+    unwind::TableStore store;
+    cfi = build_cfi_rows(pid, view.maps, &store);
+  }
+  auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode, &cfi);
   if (!ring) return ring.error();
   // MEMTRACE_INJECT_GOT=0, MEMTRACE_INJECT_ENTRIES=0: one of the two ways
   // in alone (bench/inject measures them apart).
@@ -245,6 +272,7 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   };
   bool got = o.got && !env_off("MEMTRACE_INJECT_GOT"), entries = o.entries && !env_off("MEMTRACE_INJECT_ENTRIES");
   if (!got) (*ring)->mutable_hdr()->hook_flags |= MT_INJ_NO_GOT;
+  if (o.verify_stacks) (*ring)->mutable_hdr()->hook_flags |= MT_INJ_CFI_VERIFY;
   (*ring)->mutable_hdr()->sample_bytes = o.sample_bytes;
   if (o.py) {
     (*ring)->mutable_hdr()->py = *o.py;
@@ -252,6 +280,7 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   }
   std::unique_ptr<Session> s(new Session());
   s->pid_ = pid;
+  s->cfi_ = {cfi.mods.size(), cfi.rows.size(), cfi.bytes(), cfi.mappings_without, cfi.build_ms, cfi.first_error};
   s->ring_ = std::move(*ring);
   // The program's allocator, when not glibc's: its functions for the
   // agent to hook (GOT slots by name, entries by address).
@@ -273,13 +302,6 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
       n++;
     }
     h->fn_count = n;
-  }
-  // One snapshot of the maps for every step below.
-  ProcessView view = o.view;
-  if (view.maps.empty()) {
-    auto v = ProcessView::read(pid);
-    if (!v) return v.error();
-    view.maps = std::move(v->maps);
   }
   // An earlier --inject left the agent in the process (its hooks calling
   // straight through): its attach function maps this ring, as its

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "inject/cfi_rows.h"
 #include "inject/injector.h"
 #include "inject/ring.h"
 #include "inject/trampoline.h"
@@ -42,6 +43,7 @@ struct SessionOptions {
   StoppedProcess* held = nullptr;            // stopped already (hold_at_entry)
   bool entries = true;                       // patch the allocator's entries (trampoline.h; x86-64)
   bool got = true;                           // rewrite GOT slots
+  bool verify_stacks = false;                // MT_INJ_STACK_CFI: each walk compared with libunwind's (ring.h MT_INJ_CFI_VERIFY)
   uint64_t sample_bytes = 0;                 // --sample-bytes (ring.h sample_bytes); 0: every call
   // CPython's frames (ring.h py_frames): where the agent finds them, as
   // for the BPF walk (Tracer::python_add); unset: no Python frames.
@@ -67,7 +69,9 @@ struct SessionOptions {
 // agent has mapped it (or when the session goes).
 class Ring {
  public:
-  static Result<std::unique_ptr<Ring>> create(pid_t pid, size_t data_bytes, int stack_mode);
+  // cfi: MT_INJ_STACK_CFI's rows, carried after the data area (ring.h cfi_off).
+  static Result<std::unique_ptr<Ring>> create(pid_t pid, size_t data_bytes, int stack_mode,
+                                              const CfiRows* cfi = nullptr);
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -133,6 +137,13 @@ class Session {
   Ring& ring() { return *ring_; }
   const LoadStats& load_stats() const { return load_; }
   const PatchReport& patch_report() const { return patch_; }
+  // MT_INJ_STACK_CFI: the rows the agent was given (empty otherwise).
+  struct CfiStats {
+    size_t mods = 0, rows = 0, bytes = 0, mappings_without = 0;
+    double build_ms = 0;
+    std::string first_error;
+  };
+  const CfiStats& cfi_stats() const { return cfi_; }
   // Without the copier: the ring's records (at most max). With it: what
   // the copier has taken (up to kChunksPerDrain chunks; all with flush),
   // and with flush the ring's rest too: every record written so far.
@@ -154,6 +165,7 @@ class Session {
   std::unique_ptr<Ring> ring_;
   LoadStats load_;
   PatchReport patch_;
+  CfiStats cfi_;
   // The copier: chunks of [u32 bytes][record] (mt_inj_rec or mt_stack).
   static constexpr size_t kChunkBytes = 1 << 20;
   static constexpr size_t kChunksPerDrain = 16;
