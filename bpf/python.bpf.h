@@ -156,7 +156,10 @@ static long mt_pyc_step(__u32 i, void *data)
 	return 0;
 }
 
-static __always_inline void mt_py_send_codes(struct mt_stack *s, __u64 pid_tgid)
+/* Subprograms of their own (mt_py_walk too): their locals are not in the
+ * probe's frame, which heads the unwinder's call chain, and the verifier
+ * holds a chain's frames to 512 bytes (tests/bpf/stack_depth.py). */
+static __noinline void mt_py_send_codes(struct mt_stack *s, __u64 pid_tgid)
 {
 	struct mt_pyc_ctx c = {.pid_tgid = pid_tgid, .n = s->nr, .py = s->py_nr};
 	if (!c.py)
@@ -172,7 +175,12 @@ static __always_inline void mt_py_send_codes(struct mt_stack *s, __u64 pid_tgid)
 
 /* s: the stack with its native frames (s->nr); h: their hash. Returns the
  * hash with the Python pairs folded in; sets s->py_nr. */
-static __always_inline __u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
+#if defined(__TARGET_ARCH_x86) && !defined(MT_COMPAT)
+static __noinline
+#else
+static __always_inline
+#endif
+__u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
 {
 	s->py_nr = 0;
 #if defined(__TARGET_ARCH_x86) && !defined(MT_COMPAT)
