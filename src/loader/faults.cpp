@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -240,18 +241,32 @@ Result<void> RearmHelper::start(pid_t pid, const std::vector<AddrRange>& ranges,
   }
   close(ready[1]);
   pid_ = c;
+  // Its byte once armed; EOF if it ended first (a signal to us must not cut the wait short).
   pollfd pf{ready[0], POLLIN, 0};
-  int n = poll(&pf, 1, 30000);
+  int n;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    n = left.count() <= 0 ? 0 : poll(&pf, 1, static_cast<int>(left.count()) + 1);
+  } while (n < 0 && errno == EINTR);
   char b = 0;
-  bool ok = n > 0 && read(ready[0], &b, 1) == 1;
+  ssize_t got;
+  do got = n > 0 ? read(ready[0], &b, 1) : 0;
+  while (got < 0 && errno == EINTR);
   close(ready[0]);
-  if (!ok) {
+  if (got != 1) {
     int st = 0;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &st, 0);
+    bool ended = waitpid(pid_, &st, WNOHANG) == pid_;
+    if (!ended) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &st, 0);
+    }
     pid_ = -1;
     unlink(report_path_.c_str());
-    return Error::msg("memtrace-singlestep --rearm did not arm the ranges (see its message above)");
+    std::string how = !ended ? "no answer in 30 s"
+                      : WIFSIGNALED(st) ? std::string("killed by signal ") + strsignal(WTERMSIG(st))
+                                        : "it exited with status " + std::to_string(WEXITSTATUS(st));
+    return Error::msg("memtrace-singlestep --rearm did not arm the ranges (" + how + "; its message, if any, above)");
   }
   return {};
 }

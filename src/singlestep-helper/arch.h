@@ -44,6 +44,12 @@ size_t find_syscall_insn(const uint8_t* code, size_t n);
 // call instruction at insn (the injected call), and its result once it ran.
 void load_injected_syscall(Regs& r, uint64_t insn, long nr, const uint64_t a[6]);
 long syscall_result(const Regs& r);
+// Registers saved at a stop inside a system call the stop interrupted
+// (-ERESTART*, not restarted yet), made to issue that call again from its
+// instruction with no restart left to the kernel: what an injection
+// restores, so that the program's call goes on whatever stops came between
+// (x86-64; arm64 keeps them as they are: its first argument is gone).
+void restart_by_hand(Regs& r);
 
 // At a system call's entry stop: argument i (0-based) changed.
 void set_syscall_arg(Regs& r, int i, uint64_t v);

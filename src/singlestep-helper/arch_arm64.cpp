@@ -65,6 +65,8 @@ void load_injected_syscall(Regs& r, uint64_t insn, long nr, const uint64_t a[6])
 
 long syscall_result(const Regs& r) { return static_cast<long>(r.x[0]); }
 
+void restart_by_hand(Regs&) {}
+
 void set_syscall_arg(Regs& r, int i, uint64_t v) { r.x[i] = v; }
 
 void replace_syscall_at_entry(Regs& r, long nr, uint64_t a0, uint64_t a1, uint64_t a2) {

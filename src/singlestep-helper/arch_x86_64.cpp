@@ -31,6 +31,17 @@ void load_injected_syscall(Regs& r, uint64_t insn, long nr, const uint64_t a[6])
 
 long syscall_result(const Regs& r) { return static_cast<long>(r.rax); }
 
+void restart_by_hand(Regs& r) {
+  if (static_cast<long>(r.orig_rax) < 0) return;  // not in a system call
+  long ax = static_cast<long>(r.rax);
+  // -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND; -ERESTART_RESTARTBLOCK
+  if (ax == -512 || ax == -513 || ax == -514) r.rax = r.orig_rax;
+  else if (ax == -516) r.rax = SYS_restart_syscall;
+  else return;
+  r.rip -= kSyscallInsnLen;
+  r.orig_rax = static_cast<uint64_t>(-1);
+}
+
 void set_syscall_arg(Regs& r, int i, uint64_t v) {
   unsigned long long Regs::*const kArgs[] = {&Regs::rdi, &Regs::rsi, &Regs::rdx, &Regs::r10, &Regs::r8, &Regs::r9};
   r.*kArgs[i] = v;

@@ -393,6 +393,11 @@ Result<long> Tracer::inject(pid_t tid, long nr, uint64_t a1, uint64_t a2, uint64
   }
   if (!done) return Error::msg("injected system call did not run in thread " + std::to_string(tid));
   long ret = arch::syscall_result(r);
+  // A call of the program this stop interrupted (a read() blocked when we
+  // stopped it) is issued again from its instruction: the kernel's own
+  // restart would rely on this stop being one it restarts from, and a
+  // blocked read() was seen failing with EINTR instead.
+  arch::restart_by_hand(saved);
   set_regs(tid, saved);
   return ret;
 }
