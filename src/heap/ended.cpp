@@ -13,6 +13,10 @@
 namespace memtrace::heap {
 namespace {
 
+// Ended images merge by command name within one cgroup (a container's
+// processes never fold into another's of the same name).
+std::string group_key(const Process& p) { return p.cgroup.empty() ? p.comm : p.comm + '\0' + p.cgroup; }
+
 constexpr uint64_t kSealedBit = 1ull << 63;
 constexpr size_t kMergedPidsShown = 16;
 
@@ -323,7 +327,7 @@ void HeapModel::seal_some(std::chrono::steady_clock::duration budget) {
     sealing_.pop_front();
     individual_ended_++;
     individual_entries_ += p.stack_allocs.size();
-    Kept& k = kept_[p.comm];
+    Kept& k = kept_[group_key(p)];
     k.images.push_back(&p);
     k.entries += p.stack_allocs.size();
     while ((image_cap_ && individual_ended_ > image_cap_) || (entry_cap_ && individual_entries_ > entry_cap_))
@@ -363,10 +367,11 @@ bool HeapModel::merge_one(bool by_entries) {
   Process* img = most->second.images.front();
   most->second.images.pop_front();
   most->second.entries -= img->stack_allocs.size();
-  auto& group = groups_[img->comm];
+  auto& group = groups_[group_key(*img)];
   if (!group) {
     group = std::make_unique<Process>();
     group->comm = img->comm;
+    group->cgroup = img->cgroup;
     group->sealed = true;
     group->exited = true;
     group->pid = img->pid;

@@ -340,6 +340,7 @@ void HeapModel::on_fork(pid_t parent, pid_t child) {
   c.from_fork = true;
   if (!pp) return;
   c.comm = pp->comm;
+  c.cgroup = pp->cgroup;
   c.live = pp->live;
   c.maps = pp->maps;
   if (faults_) c.live_index = pp->live_index;
@@ -367,10 +368,12 @@ void HeapModel::on_exec(pid_t pid, uint64_t ts) {
   uint32_t n = old ? old->exec_count + 1 : 1;
   uint32_t image = old && own_activity(*old) ? old->image + 1 : old ? old->image : 0;
   std::string comm = old ? old->comm : "";
+  std::string cgroup = old ? old->cgroup : "";
   if (old) old->ended_by_exec = true;
   Process& p = fresh(pid);
   p.ppid = ppid;
   p.comm = comm;  // until the caller names the new image
+  p.cgroup = std::move(cgroup);
   p.exec_ts = ts;
   p.exec_count = n;
   p.image = image;

@@ -220,6 +220,9 @@ struct Process {
   pid_t pid = 0;
   pid_t ppid = 0;
   std::string comm;
+  // Its cgroup v2 path ("/system.slice/docker-<id>.scope"; "": not known),
+  // read once when the tracer first names it, a fork's and an exec's kept.
+  std::string cgroup;
   std::optional<int> exit_code;  // wait-status style: code << 8 | signal
   bool exited = false;
   Summary s;
@@ -448,8 +451,8 @@ class HeapModel {
   size_t individual_entries_ = 0; // their per-stack entries
   SealStats seal_stats_;
   size_t merged_total_ = 0;
-  std::map<std::string, std::unique_ptr<Process>> groups_;  // merged entries by comm
-  // Sealed ended images kept one by one, by comm, oldest first (what
+  std::map<std::string, std::unique_ptr<Process>> groups_;  // merged entries by comm (and cgroup)
+  // Sealed ended images kept one by one, by comm (and cgroup), oldest first (what
   // merge_one picks from), and their per-stack entries.
   struct Kept {
     std::deque<Process*> images;

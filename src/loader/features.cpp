@@ -576,6 +576,7 @@ void Features::finish(const report::Drops& d, const std::vector<std::string>& er
   nlohmann::json procs = nlohmann::json::array();
   for (const auto& [pid, p] : c_.model->processes()) {
     nlohmann::json jp = {{"pid", pid}, {"ppid", p->ppid}, {"comm", p->comm}, {"exited", p->exited}};
+    if (!p->cgroup.empty()) jp["cgroup"] = p->cgroup;
     jp["exit_status"] = p->exit_code ? nlohmann::json(*p->exit_code) : nlohmann::json(nullptr);
     procs.push_back(std::move(jp));
   }

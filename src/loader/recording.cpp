@@ -1,6 +1,7 @@
 #include "loader/recording.h"
 
 #include "loader/output_file.h"
+#include "procfs/cgroup.h"
 #include "report/report.h"
 
 #include <sys/stat.h>
@@ -120,6 +121,7 @@ void Recorder::capture_maps(pid_t pid, const std::vector<procfs::Mapping>* given
   if (arr.empty()) return;
   nlohmann::json j = {{"pid", pid}, {"maps", std::move(arr)}};
   if (auto c = read_comm(pid)) j["comm"] = *c;
+  if (auto cg = procfs::cgroup_of(pid)) j["cgroup"] = *cg;
   write_json(REC_MAPS, j);
 }
 
@@ -233,7 +235,7 @@ std::string check_meta(const json& m) {
 
 std::string check_maps(const json& j) {
   if (!j.is_object()) return "not a JSON object";
-  std::string e = first({need_uint(j, "pid", kMaxPid), may_string(j, "comm")});
+  std::string e = first({need_uint(j, "pid", kMaxPid), may_string(j, "comm"), may_string(j, "cgroup")});
   if (!e.empty()) return e;
   auto it = j.find("maps");
   if (it == j.end() || !it->is_array()) return "\"maps\" is not an array";
@@ -261,7 +263,7 @@ std::string check_end(const json& j) {
   size_t i = 0;
   for (const auto& p : *it) {
     if (!p.is_object()) return "process " + num(i) + " is not an object";
-    std::string e = first({need_uint(p, "pid", kMaxPid), may_uint(p, "ppid", kMaxPid), may_string(p, "comm"),
+    std::string e = first({need_uint(p, "pid", kMaxPid), may_uint(p, "ppid", kMaxPid), may_string(p, "comm"), may_string(p, "cgroup"),
                            may_bool(p, "exited")});
     auto st = p.find("exit_status");
     if (e.empty() && st != p.end() && !st->is_null() &&

@@ -10,7 +10,7 @@
 //                builds before issue 18's deeper stacks say 64 frames and hold
 //                whole 552-byte stack records: read as well)
 //     REC_PROC   a proc-events-ring record (mt_proc_event)
-//     REC_MAPS   JSON {"pid", "comm", "maps": [{"start","end","offset","dev","inode",
+//     REC_MAPS   JSON {"pid", "comm", "cgroup", "maps": [{"start","end","offset","dev","inode",
 //                "perms","path","build_id"}]}: executable mappings captured while
 //                the process lived (only the ones new since the last capture)
 //     REC_PERFMAP JSON {"pid", "text"}: bytes of the process's perf map
@@ -19,7 +19,7 @@
 //     REC_PYFRAME JSON {"id", "function", "file", "line"}: a Python frame (src/python)
 //                that stack records (spliced before they are written) name as
 //                heap::kPyFrameTag | id; written before the first stack using it
-//     REC_END    JSON {"processes": [{"pid","ppid","comm","exited","exit_status"}],
+//     REC_END    JSON {"processes": [{"pid","ppid","comm","cgroup","exited","exit_status"}],
 //                "dropped", "stats", "errors", "mono_ns"}: final state at the
 //                end of tracing, the last record; its absence means the file is truncated.
 // Little-endian, this machine's layouts: the header's sizes must match (but

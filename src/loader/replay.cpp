@@ -190,6 +190,17 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
   bool system_wide = false;
   uint64_t last_ts = 0;
   std::vector<pid_t> exit_order;
+  // cgroups from mappings records whose process the model has not met yet
+  // (given to it at its first event or fork/exec record).
+  std::map<pid_t, std::string> cgroup_of;
+  auto give_cgroup = [&](pid_t pid) {
+    auto it = cgroup_of.find(pid);
+    if (it == cgroup_of.end()) return;
+    if (heap::Process* p = model.find(pid)) {
+      if (p->cgroup.empty()) p->cgroup = it->second;
+      cgroup_of.erase(it);
+    }
+  };
   // Ended images sealed and merged past the cap as the tracer did (at the
   // end: an exit in the recording may precede its process's last records,
   // which the tracer ordered by the events ring's position).
@@ -207,6 +218,7 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
         memcpy(&h, p.data(), sizeof h);
         last_ts = std::max<uint64_t>(last_ts, h.ts);
         model.apply(p.data(), p.size());
+        if (!cgroup_of.empty()) give_cgroup(h.pid);
         break;
       }
       case REC_PROC: {
@@ -218,10 +230,12 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
         if (e.h.kind == MT_EV_EXEC) {
           model.on_exec(pid, e.addr ? e.addr : e.h.ts);  // nothing if the events stream's MT_EV_EXEC started it
           model.process(pid).comm = comm;
+          give_cgroup(pid);
         } else if (e.h.kind == MT_EV_FORK) {
           model.on_fork(e.ppid, pid);
           res.inherit(e.ppid, pid);
           model.process(pid).comm = comm;
+          give_cgroup(pid);
         } else if (e.h.kind == MT_EV_EXIT) {
           if (e.exit_code >= 0 && (model.find(pid) || system_wide)) {
             model.on_exit(pid, e.exit_code);
@@ -233,6 +247,10 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
       case REC_MAPS: {
         pid_t pid = r.json["pid"].get<pid_t>();
         for (const auto& m : r.json["maps"]) res.add(pid, m);
+        if (auto cg = r.json.find("cgroup"); cg != r.json.end()) {
+          cgroup_of[pid] = cg->get<std::string>();
+          give_cgroup(pid);
+        }
         break;
       }
       case REC_PERFMAP:
@@ -258,6 +276,7 @@ int replay_model(std::istream& in, const ReplayOptions& o, std::ostream& err, bo
     for (const auto& jp : end.value("processes", nlohmann::json::array())) {
       heap::Process& p = model.process(jp["pid"].get<pid_t>());
       p.comm = jp.value("comm", p.comm);
+      if (p.cgroup.empty()) p.cgroup = jp.value("cgroup", std::string());
       if (jp.value("ppid", 0)) p.ppid = jp["ppid"].get<pid_t>();
       if (jp.value("exited", false)) {
         p.exited = true;

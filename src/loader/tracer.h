@@ -222,6 +222,9 @@ class Tracer {
   std::unique_ptr<Attacher> attacher_;
   std::unique_ptr<unwind::UnwindMaps> unwind_;  // null: frame pointers only
   void unwind_add(Snapshot& snap);
+  // The model's process named from /proc: its comm (comm: read it) and, the
+  // first time, its cgroup (what every output labels it with).
+  void identify(pid_t pid, bool comm = true);
   // Python frames (tracer_python.cpp): CPython found in a process (its
   // py_procs entry for the BPF walk), the frames of a stack record spliced.
   struct PyProc {

@@ -27,9 +27,20 @@
 #include "memtrace_bpf_compat.skel.h"
 #include "inject/injector.h"
 #include "inject/session.h"
+#include "procfs/cgroup.h"
 #include "metrics/exporter.h"
 
 namespace memtrace::loader {
+
+// What every output names a process by: its comm (unless the caller knows
+// it) and its cgroup (the container it runs in), read while it lives.
+void Tracer::identify(pid_t pid, bool comm) {
+  heap::Process& p = model_.process(pid);
+  if (comm)
+    if (auto c = read_comm(pid)) p.comm = *c;
+  if (p.cgroup.empty())
+    if (auto cg = procfs::cgroup_of(pid)) p.cgroup = *cg;
+}
 
 // Find pid's allocator and attach its probes. required: a failure is an
 // error for the user (-p); otherwise it is counted (a process started later).
@@ -39,7 +50,7 @@ Result<void> Tracer::attach_process(pid_t pid, bool required, Snapshot* given) {
   Snapshot& snap = given ? *given : own;
   Proc& p = procs_[pid];
   p.pid = pid;
-  if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
+  identify(pid);
   const auto* maps = snap.maps();
   resolver_.capture(pid, maps);
   if (p.attached || finishing_) return {};
@@ -219,8 +230,7 @@ void Tracer::scan_system_allocators(pid_t only, uint64_t exec_id) {
       if (only > 0) exec_id ? resolver_.exec(pid, exec_id) : resolver_.capture(pid);
       continue;
     }
-    if (only <= 0)
-      if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
+    identify(pid, only <= 0);
     // Mappings for symbolization, while it lives (the read above: one per event).
     if (exec_id) resolver_.exec(pid, exec_id, maps);
     else resolver_.capture(pid, maps);
@@ -308,6 +318,7 @@ Result<void> Tracer::setup_targets() {
     procs_[pid].pid = pid;
     model_.process(pid).comm = o_.command[0].substr(o_.command[0].rfind('/') + 1).substr(0, 15);
     model_.process(pid).prelude = true;  // our code until its exec (its page faults, say)
+    identify(pid, false);                // the tool's cgroup, which it inherited
     set_target_state(pid, MT_TS_PENDING, 1);
     if (auto r = launcher_->release(); !r) {
       int st = 127 << 8;
@@ -323,7 +334,7 @@ Result<void> Tracer::setup_targets() {
 // pid's mmap/brk and lifecycle records coming.
 Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   procs_[pid].pid = pid;
-  if (auto c = read_comm(pid)) model_.process(pid).comm = *c;
+  identify(pid);
   inject::SessionOptions so;
   so.held = held;
   so.agent = inject::agent_path();

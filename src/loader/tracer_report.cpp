@@ -235,8 +235,7 @@ void Tracer::report_final(int exit_code) {
   // System-wide: processes forked (not exec'd) since the start were never
   // named; those still alive are named now.
   for (const auto& [pid, p] : model_.processes())
-    if (p->comm.empty())
-      if (auto c = read_comm(pid)) p->comm = *c;
+    if (!p->exited && (p->comm.empty() || p->cgroup.empty())) identify(pid, p->comm.empty());
   report::Options ro;
   ro.top = o_.top;
   ro.at_exit = true;

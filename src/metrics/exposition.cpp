@@ -169,7 +169,12 @@ std::string Selection::render(const Snapshot& s, std::chrono::duration<double> a
       for (const auto& part : f.parts)
         sample(out, f.name, part.by ? who + "," + label("by", part.by) : who, p.*part.field);
     };
-    for (const auto* p : own) emit(label("pid", std::to_string(p->pid)) + "," + label("comm", p->comm), *p);
+    for (const auto* p : own) {
+      std::string who = label("pid", std::to_string(p->pid)) + "," + label("comm", p->comm);
+      if (!p->cgroup.empty()) who += "," + label("cgroup", p->cgroup);
+      if (!p->container_id.empty()) who += "," + label("container_id", p->container_id);
+      emit(who, *p);
+    }
     if (over && f.summed) emit(label("pid", "other") + "," + label("comm", "other"), other);
   }
 

@@ -1,4 +1,5 @@
 #include "metrics/snapshot.h"
+#include "procfs/cgroup.h"
 
 #include <map>
 #include <utility>
@@ -52,6 +53,8 @@ Snapshot snapshot_of(const heap::HeapModel& m, report::Drops drops, const Snapsh
     ProcessSample& s = snap.processes[it->second];
     s.pid = p->pid;
     s.comm = std::move(comm);
+    s.cgroup = valid_utf8(p->cgroup);
+    s.container_id = procfs::container_of(p->cgroup).id;
     s.gone = !is_current || p->exited;
     s.in_use_bytes = p->s.in_use_bytes;
     s.in_use_blocks = p->s.in_use_blocks;

@@ -22,6 +22,7 @@ namespace memtrace::metrics {
 struct ProcessSample {
   pid_t pid = 0;
   std::string comm;  // valid UTF-8 (a label value must be)
+  std::string cgroup, container_id;  // of the newest image ("": not known, none)
   bool gone = false;  // exited, or exec'd into another program
   // gauges
   uint64_t in_use_bytes = 0, in_use_blocks = 0, peak_bytes = 0;

@@ -366,7 +366,7 @@ json image_json(const heap::HeapModel& m, const Resolver& r, Tables& t, const he
                 size_t cap, const HtmlOptions& ho) {
   json j = {{"pid", jp["pid"]},     {"ppid", jp["ppid"]},   {"comm", jp["comm"]},
             {"image", jp["exec_index"]}, {"ended", jp["ended"]}, {"exit_code", jp["exit_code"]},
-            {"summary", jp["summary"]}};
+            {"summary", jp["summary"]}, {"cgroup", jp["cgroup"]}, {"container", jp["container"]}};
   j["summary"]["temporary_allocs"] = p.s.temporary_allocs;
   if (m.faults_enabled()) j["summary"]["pages_first_touched"] = p.f.pages_first_touched;
   // Times are ns from the image's first event (t0_ns, the events' clock).

@@ -1,4 +1,5 @@
 #include "report/pprof.h"
+#include "procfs/cgroup.h"
 
 #include <zlib.h>
 
@@ -156,6 +157,11 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
   for (const heap::Process* pp : images) {
     const heap::Process& p = *pp;
     if (!o.include_idle && !active(p)) continue;
+    std::vector<std::pair<std::string, std::string>> process_labels;
+    if (!p.cgroup.empty()) process_labels.emplace_back("cgroup", p.cgroup);
+    procfs::Container ct = procfs::container_of(p.cgroup);
+    if (!ct.id.empty()) process_labels.emplace_back("container_id", ct.id);
+    if (!ct.pod.empty()) process_labels.emplace_back("pod_uid", ct.pod);
     for (auto c : stack_counts(p)) {
       if (po.alloc_base)
         if (auto b = po.alloc_base->find(c.stack_id); b != po.alloc_base->end()) {
@@ -204,6 +210,12 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
       comm_label.i64(1, st.id("comm"));
       comm_label.i64(2, st.id(p.comm));
       sm.msg(3, comm_label);
+      for (const auto& [key, value] : process_labels) {  // its cgroup and container (issue 34)
+        Pb l;
+        l.i64(1, st.id(key));
+        l.i64(2, st.id(value));
+        sm.msg(3, l);
+      }
       if (p.s.python.allocs) {  // two allocator domains in this process (issue 32)
         Pb alloc_label;
         alloc_label.i64(1, st.id("allocator"));

@@ -1,4 +1,5 @@
 #include "common/hex.h"
+#include "procfs/cgroup.h"
 #include "report/report.h"
 
 #include <algorithm>
@@ -446,6 +447,11 @@ void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit) 
     os << "    in use" << (p.ended_by_exec ? " at exec" : at_exit ? " at exit" : "") << ": " << s.in_use_bytes
        << " bytes in " << s.in_use_blocks << " blocks\n";
   }
+  if (procfs::Container c = procfs::container_of(p.cgroup); !c.id.empty() || !c.pod.empty()) {
+    os << "    container: " << (c.runtime.empty() ? "" : c.runtime + " ") << c.id.substr(0, 12);
+    if (!c.pod.empty()) os << (c.id.empty() ? "" : ", ") << "pod " << c.pod;
+    os << ", cgroup " << p.cgroup << "\n";
+  }
   os << "    total heap usage: " << s.allocs << " allocs, " << s.frees << " frees, "
      << s.bytes_allocated << " bytes allocated\n";
   if (const heap::DomainSummary& py = s.python; py.allocs || py.frees || py.unknown_frees || py.in_use_blocks) {
@@ -584,6 +590,14 @@ void write_tail_text(std::ostream& os, const Drops& d, bool stats) {
   }
 }
 
+nlohmann::json container_json(const std::string& cgroup) {
+  procfs::Container c = procfs::container_of(cgroup);
+  if (c.id.empty() && c.pod.empty()) return nullptr;
+  nlohmann::json j = {{"id", c.id}, {"runtime", c.runtime}};
+  j["pod"] = c.pod.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.pod);
+  return j;
+}
+
 nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Options& o,
                        const Drops& d) {
   using nlohmann::json;
@@ -596,6 +610,8 @@ nlohmann::json to_json(const heap::HeapModel& m, const Resolver& r, const Option
     jp["pid"] = p.pid;
     jp["ppid"] = p.ppid;
     jp["comm"] = p.comm;
+    jp["cgroup"] = p.cgroup.empty() ? json(nullptr) : json(p.cgroup);
+    jp["container"] = container_json(p.cgroup);
     // One entry per image: exec_index counts pid's images reported before it;
     // an image that exec'd ended "exec" (its blocks are in use at the exec).
     jp["exec_index"] = p.image;

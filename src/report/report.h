@@ -118,6 +118,9 @@ void write_analysis_text(std::ostream& os, const heap::HeapModel& m, const Resol
                          size_t top);
 
 void write_summary_text(std::ostream& os, const heap::Process& p, bool at_exit);
+// A process's container (procfs::container_of its cgroup) as JSON: {"id",
+// "runtime", "pod"}, or null when its cgroup names none.
+nlohmann::json container_json(const std::string& cgroup);
 // The text report's tail: DROPPED with each counter that is not 0 and what
 // it means for the figures above it, else "nothing dropped"; STATS (the
 // tool's own counters) when stats. JSON has every counter, always.

@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
+#include <sstream>
 
+#include "../metrics/scrape.h"
 #include "harness.h"
 #include "procfs/cgroup.h"
 #include "test_env.h"
@@ -129,6 +132,96 @@ TEST_F(CgroupTracing, TracesItsProcessesAndThoseStartedInItLaterExactly) {
   // Attached while it waited: every round's calls are seen (its start-up's are not).
   EXPECT_GE(u(*c, "allocs"), R * per.allocs);
   EXPECT_GE(u(*c, "bytes_allocated"), R * per.bytes);
+}
+
+// Every output names a process's cgroup and the container a runtime's
+// cgroup name gives (docker's "docker-<64 hex>.scope" leaf): JSON, text,
+// pprof labels (read by Go's pprof), Prometheus labels, HTML and the replay
+// of the recording.
+TEST_F(CgroupTracing, EveryOutputLabelsItsProcessesWithCgroupAndContainer) {
+  char hex[65];
+  snprintf(hex, sizeof hex, "%016x%016x%016x%016x", 0x5eedu, unsigned(getpid()), 0xc0ffeeu, 0x1234u);
+  const std::string id = hex;
+  const std::string leaf_rel = rel + "/docker-" + id + ".scope";
+  const std::string leaf = dir + "/docker-" + id + ".scope";
+  ASSERT_EQ(mkdir(leaf.c_str(), 0755), 0) << leaf;
+  struct Rm {
+    std::string d;
+    ~Rm() { rmdir(d.c_str()); }
+  } rm{leaf};
+  const long R = 20;
+  std::string cmd = "echo $$ > " + leaf + "/cgroup.procs && exec " + target("alloc_rounds") + " --rounds " +
+                    std::to_string(R) + " --wait";
+  Child t = spawn({"/bin/sh", "-c", cmd});
+  std::string to;
+  ASSERT_TRUE(read_until(t.out, "ready", &to)) << to;
+  std::string base = tmpfile("cgl");
+  Child m = spawn({tool(), "--cgroup", dir, "--metrics", "127.0.0.1:0", "-o", base + ".json", "-o", base + ".txt",
+                   "-o", base + ".pb.gz", "-o", base + ".html", "--record", base + ".rec"});
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "Ctrl-C", &merr)) << merr;
+  std::smatch mm;
+  ASSERT_TRUE(std::regex_search(merr, mm, std::regex("metrics at http://127\\.0\\.0\\.1:(\\d+)/metrics"))) << merr;
+  uint16_t port = static_cast<uint16_t>(std::stoi(mm[1]));
+  // Its rounds, then a scrape while it waits again.
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  ASSERT_TRUE(read_until(t.out, "per_round", &to)) << to;
+  usleep(500 * 1000);
+  HttpReply scrape = http_get(port, "/metrics");
+  ASSERT_EQ(scrape.status, 200);
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  close(t.in);
+  read_all(t.out);
+  ASSERT_EQ(wait_exit(t.pid), 0);
+  usleep(300 * 1000);
+  kill(m.pid, SIGINT);
+  EXPECT_EQ(wait_exit(m.pid), 0) << merr;
+  auto slurp = [](const std::string& f) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::string pid = std::to_string(t.pid);
+  // Prometheus: its series carry both labels.
+  std::string want_labels = "pid=\"" + pid + "\",comm=\"alloc_rounds\",cgroup=\"" + leaf_rel +
+                            "\",container_id=\"" + id + "\"";
+  EXPECT_NE(scrape.body.find("memtrace_heap_in_use_bytes{" + want_labels + "}"), std::string::npos)
+      << want_labels << "\n" << scrape.body.substr(0, 3000);
+  // JSON
+  json j = json::parse(slurp(base + ".json"), nullptr, false);
+  const json* p = find_proc(j, t.pid);
+  ASSERT_TRUE(p) << j.dump().substr(0, 3000);
+  EXPECT_EQ((*p)["cgroup"], leaf_rel);
+  EXPECT_EQ((*p)["container"]["id"], id);
+  EXPECT_EQ((*p)["container"]["runtime"], "docker");
+  EXPECT_TRUE((*p)["container"]["pod"].is_null());
+  // text
+  std::string txt = slurp(base + ".txt");
+  EXPECT_NE(txt.find("    container: docker " + id.substr(0, 12) + ", cgroup " + leaf_rel + "\n"), std::string::npos)
+      << txt.substr(0, 2000);
+  // HTML: the page's data
+  std::string html = slurp(base + ".html");
+  EXPECT_NE(html.find("\"cgroup\":\"" + leaf_rel + "\""), std::string::npos);
+  EXPECT_NE(html.find("\"id\":\"" + id + "\""), std::string::npos);
+  // pprof, read by Go's pprof: every sample labelled.
+  if (go_binary().empty()) {
+    ADD_FAILURE() << "no Go toolchain for `go tool pprof` (Debian golang-go)";
+  } else {
+    ToolRun tags = run_argv({go_binary(), "tool", "pprof", "-tags", base + ".pb.gz"});
+    EXPECT_NE(tags.out.find(id), std::string::npos) << tags.out << tags.err;
+    EXPECT_NE(tags.out.find(leaf_rel), std::string::npos) << tags.out;
+    EXPECT_NE(tags.out.find("container_id"), std::string::npos) << tags.out;
+  }
+  // replay of the recording: the same labels.
+  ToolRun rp = run_argv({tool(), "replay", base + ".rec", "--format", "json"});
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  json jr = json::parse(rp.out, nullptr, false);
+  const json* q = find_proc(jr, t.pid);
+  ASSERT_TRUE(q) << rp.out.substr(0, 2000);
+  EXPECT_EQ((*q)["cgroup"], leaf_rel);
+  EXPECT_EQ((*q)["container"]["id"], id);
+  for (const char* ext : {".json", ".txt", ".pb.gz", ".html", ".rec"}) unlink((base + ext).c_str());
 }
 
 }  // namespace

@@ -66,6 +66,12 @@ inline ValgrindCounts sqlite_valgrind_counts(std::string* sql, std::string* miss
 }
 
 inline std::string tool() { return MEMTRACE_BIN; }
+// Debian's golang-go (`go tool pprof` reads the pprof outputs); "": none.
+inline std::string go_binary() {
+  for (const char* p : {"/usr/bin/go", "/usr/lib/go/bin/go", "/usr/local/go/bin/go"})
+    if (access(p, X_OK) == 0) return p;
+  return "";
+}
 inline std::string target(const std::string& name) { return std::string(TARGET_DIR) + "/" + name; }
 
 struct Child {

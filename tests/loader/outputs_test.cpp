@@ -35,12 +35,6 @@ using ToolOut = ToolRun;  // harness.h
 
 ToolOut run(const std::vector<std::string>& argv) { return run_argv(argv); }
 
-std::string go_binary() {
-  for (const char* p : {"/usr/bin/go", "/usr/lib/go/bin/go", "/usr/local/go/bin/go"})
-    if (access(p, X_OK) == 0) return p;
-  return "";
-}
-
 // `go tool pprof ARGS FILE`'s stdout (pprof writes nothing anywhere else
 // with -raw and -top).
 ToolOut pprof(const std::vector<std::string>& args, const std::string& file) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "procfs/cgroup.h"
 #include "scrape.h"
 #include "shell.h"
 #include "test_env.h"
@@ -24,6 +25,13 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
+
+// A traced process's series: its cgroup is a label too, the test's own
+// (which its children inherit).
+std::string pseries(const std::string& name, long pid, const std::string& comm, const std::string& by = "") {
+  static const std::string cg = memtrace::procfs::cgroup_of(getpid()).value_or("");
+  return series(name, pid, comm, by, cg);
+}
 
 constexpr long kRounds = 40;
 
@@ -135,9 +143,9 @@ TEST_F(Metrics, ScrapesAtKnownPointsAreExact) {
   EXPECT_EQ(e1.duplicates + e2.duplicates, 0);
   const std::string comm = "alloc_rounds";
   auto diff = [&](const std::string& name, const std::string& by = "") {
-    return e2.value(series(name, t.pid, comm, by)) - e1.value(series(name, t.pid, comm, by));
+    return e2.value(pseries(name, t.pid, comm, by)) - e1.value(pseries(name, t.pid, comm, by));
   };
-  ASSERT_TRUE(e1.has(series("memtrace_heap_in_use_bytes", t.pid, comm))) << s1;
+  ASSERT_TRUE(e1.has(pseries("memtrace_heap_in_use_bytes", t.pid, comm))) << s1;
   EXPECT_EQ(diff("memtrace_heap_in_use_bytes"), kRounds * t.per.leaked_bytes);
   EXPECT_EQ(diff("memtrace_heap_in_use_blocks"), kRounds * t.per.leaked_blocks);
   EXPECT_EQ(diff("memtrace_allocations_total"), kRounds * t.per.allocs);
@@ -157,16 +165,16 @@ TEST_F(Metrics, ScrapesAtKnownPointsAreExact) {
   const json* p = find_proc(t.report, t.pid);
   ASSERT_TRUE(p) << t.report.dump();
   const json& sm = (*p)["summary"];
-  EXPECT_EQ(e2.value(series("memtrace_heap_in_use_bytes", t.pid, comm)), sm["in_use_bytes"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_heap_in_use_blocks", t.pid, comm)), sm["in_use_blocks"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_heap_peak_in_use_bytes", t.pid, comm)), sm["peak_in_use_bytes"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_allocations_total", t.pid, comm)), sm["allocs"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_frees_total", t.pid, comm)), sm["frees"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_allocated_bytes_total", t.pid, comm)), sm["bytes_allocated"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_mmap_bytes_total", t.pid, comm, "program")), sm["mmap_bytes_direct"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_mmap_bytes_total", t.pid, comm, "allocator")),
+  EXPECT_EQ(e2.value(pseries("memtrace_heap_in_use_bytes", t.pid, comm)), sm["in_use_bytes"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_heap_in_use_blocks", t.pid, comm)), sm["in_use_blocks"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_heap_peak_in_use_bytes", t.pid, comm)), sm["peak_in_use_bytes"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_allocations_total", t.pid, comm)), sm["allocs"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_frees_total", t.pid, comm)), sm["frees"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_allocated_bytes_total", t.pid, comm)), sm["bytes_allocated"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_mmap_bytes_total", t.pid, comm, "program")), sm["mmap_bytes_direct"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_mmap_bytes_total", t.pid, comm, "allocator")),
             sm["mmap_bytes_allocator"].get<long>());
-  EXPECT_EQ(e2.value(series("memtrace_mapped_bytes", t.pid, comm, "program")), sm["mapped_now_direct"].get<long>());
+  EXPECT_EQ(e2.value(pseries("memtrace_mapped_bytes", t.pid, comm, "program")), sm["mapped_now_direct"].get<long>());
 }
 
 TEST_F(Metrics, CapAndAnExitedChild) {
@@ -176,7 +184,7 @@ TEST_F(Metrics, CapAndAnExitedChild) {
   Traced t;
   ASSERT_TRUE(t.start({"--metrics-max-processes", "1"}, {"--fork"})) << t.err << t.out;
   std::string s1 = t.scrape();
-  ASSERT_TRUE(parse_exposition(s1).has(series("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds"))) << s1;
+  ASSERT_TRUE(parse_exposition(s1).has(pseries("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds"))) << s1;
   ASSERT_TRUE(t.release_rounds()) << t.out << t.err;
   std::vector<Exposition> after;
   for (int i = 0; i < 3; i++) {
@@ -195,7 +203,7 @@ TEST_F(Metrics, CapAndAnExitedChild) {
     const Exposition& e = after[i];
     EXPECT_EQ(e.value("memtrace_processes_exported"), 1) << i;
     EXPECT_EQ(e.value("memtrace_processes_over_cap"), 1) << i;
-    EXPECT_TRUE(e.has(series("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds"))) << i;
+    EXPECT_TRUE(e.has(pseries("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds"))) << i;
     EXPECT_EQ(e.value("memtrace_heap_in_use_bytes" + other), cs["in_use_bytes"].get<long>()) << i;
     EXPECT_EQ(e.value("memtrace_heap_in_use_blocks" + other), cs["in_use_blocks"].get<long>()) << i;
     EXPECT_EQ(e.value("memtrace_allocations_total" + other), cs["allocs"].get<long>()) << i;
@@ -204,7 +212,7 @@ TEST_F(Metrics, CapAndAnExitedChild) {
   EXPECT_EQ(cs["allocs"].get<long>(), kRounds * t.per.allocs);  // the child's own calls: the rounds
   EXPECT_EQ(after[2].value("memtrace_processes_over_cap"), 0);
   EXPECT_FALSE(after[2].has("memtrace_heap_in_use_bytes" + other));
-  EXPECT_TRUE(after[2].has(series("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds")));
+  EXPECT_TRUE(after[2].has(pseries("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds")));
 }
 
 // Prometheus (Debian's /usr/bin/prometheus) on 127.0.0.1 with a 1 s scrape
@@ -216,7 +224,7 @@ TEST_F(Metrics, PrometheusScrapesAndAnswersAQuery) {
   ASSERT_TRUE(t.start({}, {})) << t.err << t.out;
   ASSERT_TRUE(t.release_rounds()) << t.out << t.err;
   Exposition mine = parse_exposition(t.scrape());
-  long want = mine.value(series("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds"));
+  long want = mine.value(pseries("memtrace_heap_in_use_bytes", t.pid, "alloc_rounds"));
   ASSERT_GT(want, 0);
 
   char dir_template[] = "/tmp/metrics-prometheus-XXXXXX";

@@ -92,8 +92,13 @@ inline Exposition parse_exposition(const std::string& text) {
   return e;
 }
 
-inline std::string series(const std::string& name, long pid, const std::string& comm, const std::string& by = "") {
+// cgroup: the process's (a label of every process's series where it is
+// known: the traced processes of the integration tests, never the unit
+// tests' snapshots).
+inline std::string series(const std::string& name, long pid, const std::string& comm, const std::string& by = "",
+                          const std::string& cgroup = "") {
   std::string s = name + "{pid=\"" + std::to_string(pid) + "\",comm=\"" + comm + "\"";
+  if (!cgroup.empty()) s += ",cgroup=\"" + cgroup + "\"";
   if (!by.empty()) s += ",by=\"" + by + "\"";
   return s + "}";
 }

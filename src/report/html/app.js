@@ -43,6 +43,7 @@
   images.forEach((im, i) => {
     let label = `${im.comm} (${im.pid})`;
     if (im.image) label += ` image ${im.image}`;
+    if (im.container && im.container.id) label += ` [${im.container.id.slice(0, 12)}]`;
     label += `: ${group(im.summary.allocs)} allocations`;
     procSelect.append(el("option", { value: i }, label));
   });
@@ -117,6 +118,9 @@
     }
     if (s.pages_first_touched !== undefined) items.push(`${group(s.pages_first_touched)} pages touched`);
     if (im.exit_code !== null && im.exit_code !== undefined) items.push(`exit status ${im.exit_code}`);
+    const ct = im.container;
+    if (ct) items.push(`container ${ct.runtime ? ct.runtime + " " : ""}${ct.id.slice(0, 12)}${ct.pod ? ", pod " + ct.pod : ""}`);
+    if (im.cgroup) items.push(`cgroup ${im.cgroup}`);
     for (const t of items) box.append(el("span", {}, t));
   }
 
