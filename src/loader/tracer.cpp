@@ -227,6 +227,15 @@ Result<void> Tracer::load() {
                                 bpf_map__fd(skel_->maps.targets));
         !r)
       return r;
+  // --check attaches the system-wide programs for a moment: a static
+  // program's exec then (memtrace-singlestep's, beside a run of the tool)
+  // must not be stopped for a loader that only looks.
+  if (check_only_) {
+    uint32_t zero = 0, gone = 1;
+    if (bpf_map_update_elem(bpf_map__fd(skel_->maps.loader_gone), &zero, &gone, BPF_ANY))
+      return Error::sys("set loader_gone");
+    if (skel_->bss) skel_->bss->tracing_stopped = true;
+  }
   // Every link the tool is done with is closed by the guardian (guardian.h):
   // no detach on the tool's clock.
   // (MEMTRACE_SYNC_TEARDOWN=1: closed here, as before issue 33; benchmarks A/B.)
@@ -566,6 +575,7 @@ int Tracer::check(std::ostream& os) {
     return 1;
   }
   o_.faults = k.page_fault_tp;
+  check_only_ = true;
   if (auto r = load(); !r) {
     os << "missing  BPF programs: " << r.error().message << "\n";
     return 1;

@@ -186,6 +186,7 @@ class Tracer {
   void detach_probes();  // run()'s end and teardown()
   void final_drain();    // the records written before detach_probes
   bool finishing_ = false;  // detach_probes ran: nothing more is attached
+  bool check_only_ = false;  // --check: its programs never stop a process (nobody would resume it)
   bool finished_ = false;   // quick_exit_ok
   void teardown();
   void log(const std::string& s);

@@ -905,6 +905,44 @@ TEST_F(Tracing, StackPastCodeWithoutFramePointerIsCutAsTruncated) {
 
 // --check: every line names a feature, the BPF programs load and the probes
 // attach on this kernel, and it says so with exit code 0.
+// --check attaches the system-wide programs for a moment: a statically
+// linked program that starts meanwhile is not stopped at its exec (the
+// loader that would resume it only looks). Before, the fault tests' own
+// --check (kernel_ok) stopped memtrace-singlestep, a static binary, at its
+// exec beside a run of the tool, which then waited for it forever.
+TEST_F(Tracing, CheckStopsNoProgramStartedMeanwhile) {
+  std::string flag = tmpfile("execloop");
+  std::ofstream(flag) << "1";
+  // Static programs, one after another, until the flag goes.
+  Child loop = spawn({"/bin/sh", "-c", "n=0; while [ -e " + flag + " ]; do " + target("alloc_rounds_static") +
+                                           " --rounds 1 >/dev/null || exit 9; n=$((n+1)); done; echo runs=$n"});
+  close(loop.in);
+  usleep(100 * 1000);
+  Child c = spawn({tool(), "--check"});
+  close(c.in);
+  std::string out = read_all(c.out), err = read_all(c.err);
+  EXPECT_EQ(wait_exit(c.pid), 0) << out << err;
+  unlink(flag.c_str());
+  // The loop ends within seconds unless one of its programs was stopped.
+  bool ended = false;
+  int st = 0;
+  for (int i = 0; i < 100 && !ended; i++) {
+    ended = waitpid(loop.pid, &st, WNOHANG) == loop.pid;
+    if (!ended) usleep(50 * 1000);
+  }
+  if (!ended) {  // resume whatever was stopped, then fail
+    if (system("pkill -CONT -f alloc_rounds_static") != 0) {
+    }
+    kill(loop.pid, SIGKILL);
+    waitpid(loop.pid, &st, 0);
+  }
+  std::string lout = read_all(loop.out);
+  ASSERT_TRUE(ended) << "a static program stayed stopped after --check ended";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << lout;
+  EXPECT_NE(lout.find("runs="), std::string::npos) << lout;
+  EXPECT_EQ(lout.find("runs=0\n"), std::string::npos) << "no program ran during --check: " << lout;
+}
+
 TEST_F(Tracing, CheckLoadsAndAttachesEverything) {
   Child c = spawn({tool(), "--check"});
   close(c.in);
