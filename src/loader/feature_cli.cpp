@@ -12,6 +12,10 @@ void add_feature_options(CLI::App& app, FeatureOptions& f) {
   app.add_flag("--console", f.console,
                "Read commands from stdin (status, report, monitor N, clear, live, help, quit); "
                "with -p, -c or system-wide");
+  app.add_flag("--live-view", f.live_view,
+               "The live view in the terminal (as `memtrace-bpf top`): processes by bytes in use, growth or "
+               "allocation rate, a process's stacks; keys u g a d j k Enter b q; with -p, -c, --cgroup or "
+               "system-wide");
   app.add_flag("--trace", f.trace,
                "Print one line per allocator/mmap event (time comm pid tid event address size old_address "
                "caller) to the report output; JSON lines with --format json");

@@ -1,5 +1,6 @@
 #include "common/hex.h"
 #include "loader/features.h"
+#include "loader/live_view.h"
 
 #include <poll.h>
 #include <sys/uio.h>
@@ -154,6 +155,10 @@ std::string check_feature_options(const FeatureOptions& f, bool launch_mode) {
   if (f.console && launch_mode)
     return "--console reads commands from stdin, which belongs to the launched program: use it with -p, -c "
            "or system-wide (start the program, then attach with -p PID --console)";
+  if (f.live_view && launch_mode)
+    return "the live view (top) reads its keys from stdin, which belongs to the launched program: use it with -p, "
+           "-c, --cgroup or system-wide";
+  if (f.live_view && f.console) return "the live view (top) and --console both read stdin: use one of them";
   if (f.live_max == 0) return "--live-max must be at least 1";
   if (f.dump_bytes > 4096) return "--dump-bytes is at most 4096";
   return "";
@@ -399,6 +404,20 @@ void Features::prompt() {
 
 bool Features::tick() {
   bool quit = false;
+  // The view starts with the run loop: a message of the set-up before it
+  // stays on the normal screen.
+  if (o_.live_view && !view_done_) {
+    if (!view_) {
+      LiveView::Context vc;
+      vc.model = c_.model;
+      vc.resolve = c_.resolve;
+      vc.drain = c_.drain;
+      vc.screen = &std::cout;
+      vc.keys_fd = 0;
+      view_ = std::make_unique<LiveView>(std::move(vc));
+    }
+    if (view_->tick()) return true;
+  }
   if (o_.console && stdin_open_) {
     for (;;) {
       pollfd pfd{0, POLLIN, 0};
@@ -569,7 +588,13 @@ void Features::command(const std::string& line) {
 
 // ------------------------------------------------------------ final report
 
+void Features::end_view() {
+  view_.reset();
+  view_done_ = true;
+}
+
 void Features::finish(const report::Drops& d, const std::vector<std::string>& errors) {
+  end_view();
   if (finished_) return;
   finished_ = true;
   if (!rec_) return;

@@ -33,7 +33,8 @@ struct FeatureOptions {
   size_t live_max = 1000;   // live blocks listed per process
   size_t dump_bytes = 0;    // bytes of each live block shown (0: none)
   std::string record;       // --record FILE
-  bool any() const { return console || trace || live || dump_bytes || !record.empty(); }
+  bool live_view = false;   // `top` / --live-view (live_view.h)
+  bool any() const { return console || trace || live || dump_bytes || !record.empty() || live_view; }
 };
 
 // Checks the combinations main() cannot express with CLI11 alone; "" if fine.
@@ -73,6 +74,7 @@ struct FeatureContext {
 };
 
 class Recorder;
+class LiveView;
 
 class Features {
  public:
@@ -92,6 +94,9 @@ class Features {
   void on_proc_event(const void* data, size_t len, const MapsOf& maps);
   // From the run loop: console input and `monitor`. True: the user said quit.
   bool tick();
+  // The run loop ended: the live view gives the terminal back (before any
+  // message of the teardown and the report).
+  void end_view();
   // Before the final report: the recording's end record.
   void finish(const report::Drops& d, const std::vector<std::string>& errors);
   // Additions to the final report.
@@ -113,6 +118,8 @@ class Features {
   FeatureOptions o_;
   FeatureContext c_;
   std::unique_ptr<Recorder> rec_;
+  std::unique_ptr<LiveView> view_;
+  bool view_done_ = false;
   // console
   void diff(std::ostream& os);
   std::unique_ptr<report::HeapSnapshot> snapshot_;  // `snapshot`, for `diff`

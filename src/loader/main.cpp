@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
       "  memtrace-bpf -p PID [-p PID]    attach to running processes\n"
       "  memtrace-bpf -c COMM [-c COMM]  processes by command name, also ones started later\n"
       "  memtrace-bpf                    system-wide, until Ctrl-C or --duration\n"
+      "  memtrace-bpf top [-p PID|-c COMM|--cgroup DIR]  the live view: processes and stacks, updating\n"
       "  memtrace-bpf track ...          byte-granular access capture (memtrace-singlestep)\n"
       "  memtrace-bpf replay FILE        the report of a --record FILE\n"
       "  memtrace-bpf diff A B           what grew and shrank from A to B (recordings or JSON reports)\n",
@@ -178,11 +179,16 @@ int main(int argc, char** argv) {
                                     "files this run wrote are removed")
                          ->check(CLI::Range(size_t(1), size_t(1000000)));
   app.add_option("command", o.command, "Program and arguments to launch (after --)");
+  // `memtrace-bpf top ...`: the same options, with the live view.
+  std::vector<char*> args(argv, argv + argc);
+  bool top = argc > 1 && std::string(argv[1]) == "top";
+  if (top) args.erase(args.begin() + 1);
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (top) o.features.live_view = true;
   o.stacks = !no_stacks;
   o.python_frames = *memtrace::python::parse_mode(python_frames);
   o.python_domain = python_domain == "on";

@@ -808,6 +808,7 @@ int Tracer::run() {
       while (next_profiles <= after);
     }
   }
+  if (feat_) feat_->end_view();  // the terminal back before the teardown's messages and the report
   if (g_stop && launcher_) {
     int st;
     exit_code = launcher_->poll_exit(&st) ? Launcher::exit_code_of(st) : 130;
