@@ -201,12 +201,14 @@ __u64 mt_py_walk(struct mt_stack *s, __u32 tgid, __u64 h)
 	fsbase = bpf_get_current_task_btf()->thread.fsbase;
 	if (pp->flags & MT_PYP_TLS) {
 		/* 3.13: _Py_tss_tstate, NULL while the thread is detached
-		 * (the GIL released) */
+		 * (the GIL released: then through the TSS key below, if the
+		 * loader found it) */
 		if (bpf_probe_read_user(&tstate, sizeof(tstate), (void *)(fsbase + (__s64)pp->tls_off))) {
 			count(MT_C_PY_READ_FAILED);
 			return h;
 		}
-	} else {
+	}
+	if (!tstate && pp->tss_addr) {
 		/* autoTSSkey: {int _is_initialized; pthread_key_t _key} */
 		if (bpf_probe_read_user(tss, sizeof(tss), (void *)pp->tss_addr)) {
 			count(MT_C_PY_READ_FAILED);

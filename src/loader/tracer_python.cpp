@@ -72,7 +72,9 @@ bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_
   if (l.tstate_tls) {
     v.flags |= MT_PYP_TLS;
     v.tls_off = l.tstate_tls;
-    v.tss_addr = 0;
+    // While the thread has let the GIL go its state is through the TSS key
+    // (3.13's autoTSSkey), where the code that reads it says it is.
+    v.tss_addr = l.runtime_tss ? d.interp->runtime + l.runtime_tss : 0;
   }
   if (l.no_cframe) v.flags |= MT_PYP_NO_CFRAME;
   v.co_firstlineno = static_cast<uint16_t>(l.co_firstlineno);

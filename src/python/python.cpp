@@ -130,6 +130,26 @@ std::optional<int32_t> tls_offset_from_code(const std::vector<uint8_t>& c) {
   return off;
 }
 
+std::optional<uint32_t> tss_offset_from_code(const std::vector<uint8_t>& c, uint64_t vaddr, uint64_t runtime,
+                                             uint64_t runtime_size) {
+  size_t i = 0;
+  if (c.size() >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa) i = 4;  // endbr64
+  // cmpl $0x0,disp32(%rip): 83 3d disp32 00; mov disp32(%rip),%edi: 8b 3d disp32
+  if (c.size() < i + 13 || c[i] != 0x83 || c[i + 1] != 0x3d || c[i + 6] != 0x00) return std::nullopt;
+  int32_t d1, d2;
+  memcpy(&d1, &c[i + 2], 4);
+  uint64_t key = vaddr + i + 7 + int64_t{d1};
+  size_t j = i + 7;
+  // (a jump to the not-initialized path may come between: je rel32 / rel8)
+  if (c.size() >= j + 6 && c[j] == 0x0f && c[j + 1] == 0x84) j += 6;
+  else if (c.size() >= j + 2 && c[j] == 0x74) j += 2;
+  if (c.size() < j + 6 || c[j] != 0x8b || c[j + 1] != 0x3d) return std::nullopt;
+  memcpy(&d2, &c[j + 2], 4);
+  if (vaddr + j + 6 + int64_t{d2} != key + 4) return std::nullopt;  // its _key: the same structure
+  if (key < runtime || key + 8 > runtime + runtime_size) return std::nullopt;
+  return static_cast<uint32_t>(key - runtime);
+}
+
 Result<Mode> parse_mode(const std::string& s) {
   if (s == "off") return Mode::Off;
   if (s == "on") return Mode::On;
@@ -250,6 +270,9 @@ Detected detect(const std::vector<procfs::Mapping>& maps, const std::string& roo
       if (!tls) return unsupported("its thread state is not a TLS variable of the executable (a shared libpython)");
       in.layout = *l;
       in.layout.tstate_tls = *tls;
+      if (auto gs = elf->find_function("PyGILState_GetThisThreadState"))
+        if (auto off = tss_offset_from_code(elf->read_vaddr(gs->vaddr, 32), gs->vaddr, runtime->vaddr, runtime->size))
+          in.layout.runtime_tss = *off;
     } else {
       const Layout* l = layout_for(in.major, in.minor);
       if (!l) {

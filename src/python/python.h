@@ -44,7 +44,7 @@ namespace memtrace::python {
 // /usr/bin/python3.11, DESIGN.md "Field facts (turn 4)").
 struct Layout {
   int major = 0, minor = 0;
-  uint32_t runtime_tss = 0;  // _PyRuntime.autoTSSkey (its _is_initialized; _key 4 bytes on)
+  uint32_t runtime_tss = 0;  // _PyRuntime.autoTSSkey (its _is_initialized; _key 4 bytes on); 3.13: 0 if not found
   uint16_t tstate_cframe = 0, cframe_current = 0;
   uint16_t frame_code = 0, frame_previous = 0, frame_prev_instr = 0, frame_is_entry = 0;
   uint32_t co_firstlineno = 0, co_filename = 0, co_name = 0, co_qualname = 0, co_linetable = 0;
@@ -70,6 +70,14 @@ Result<Layout> layout_from_debug_offsets(const std::vector<uint8_t>& bytes, uint
 // _PyThreadState_GetCurrent (a local-exec TLS load in an executable:
 // [endbr64] mov %fs:disp32,%rax; ret); nullopt: other code (a shared libpython).
 std::optional<int32_t> tls_offset_from_code(const std::vector<uint8_t>& code);
+// 3.13: _PyRuntime.autoTSSkey's offset in _PyRuntime, from the code of
+// PyGILState_GetThisThreadState at vaddr: [endbr64] cmpl $0,disp32(%rip)
+// (its _is_initialized) then mov disp32(%rip),%edi (its _key, 4 bytes on).
+// The thread's state through that key is there while the thread has let
+// the GIL go (_Py_tss_tstate is NULL then: a C extension's call, ctypes').
+// nullopt: other code, or outside [runtime, runtime + runtime_size).
+std::optional<uint32_t> tss_offset_from_code(const std::vector<uint8_t>& code, uint64_t vaddr, uint64_t runtime,
+                                             uint64_t runtime_size);
 const Layout* layout_for(int major, int minor);  // nullptr: not supported
 
 enum class Mode { Off, On, Only };

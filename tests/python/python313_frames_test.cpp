@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "harness.h"
@@ -96,6 +97,7 @@ TEST_F(Python313, ReadsTheLayoutFromDebugOffsetsAndCodeObjectsWithIt) {
   EXPECT_TRUE(l.from_debug_offsets);
   EXPECT_TRUE(l.no_cframe);
   EXPECT_LT(l.tstate_tls, 0);
+  EXPECT_GT(l.runtime_tss, 0u);  // autoTSSkey, for a thread that let the GIL go
   EXPECT_NE(l.frame_owner, 0);
   EXPECT_EQ(l.str_ascii_data, 40u);  // 3.12+: no wstr
   uint64_t code = std::stoull(acc);
@@ -146,6 +148,14 @@ TEST(Python313Layout, DebugOffsetsAreChecked) {
   EXPECT_EQ(py::tls_offset_from_code(get), -0x18);
   get[4] = 0x90;
   EXPECT_FALSE(py::tls_offset_from_code(get));
+  // PyGILState_GetThisThreadState (trixie's 3.13.5 at 0x523400, _PyRuntime at
+  // 0xa3f400): endbr64; cmpl $0,autoTSSkey(%rip); je ...; mov autoTSSkey+4(%rip),%edi
+  std::vector<uint8_t> gs = {0xf3, 0x0f, 0x1e, 0xfa, 0x83, 0x3d, 0x65, 0xc8, 0x51, 0x00, 0x00, 0x0f, 0x84, 0xd0,
+                             0x2a, 0xf0, 0xff, 0x8b, 0x3d, 0x5d, 0xc8, 0x51, 0x00, 0xe9, 0x94, 0xe3, 0xef, 0xff};
+  EXPECT_EQ(py::tss_offset_from_code(gs, 0x523400, 0xa3f400, 0x452f0), 0x870u);
+  EXPECT_FALSE(py::tss_offset_from_code(gs, 0x523400, 0xa3f400, 0x800));  // outside _PyRuntime
+  gs[19] = 0x61;  // the mov reads another word than the key's
+  EXPECT_FALSE(py::tss_offset_from_code(gs, 0x523400, 0xa3f400, 0x452f0));
 }
 
 void expect_tracemallocs_lines(const ToolRun& r) {
@@ -170,6 +180,54 @@ TEST_F(Python313Bpf, LaunchedPythonMallocMallocChargesTracemallocsLines) {
   unsetenv("PYTHONMALLOC");
   ASSERT_EQ(r.code, 0) << r.err;
   expect_tracemallocs_lines(r);
+}
+
+// A C call with the GIL released (ctypes' foreign call to libc's malloc):
+// 3.13's _Py_tss_tstate is NULL then, and the Python frames come through the
+// thread's TSS key (autoTSSkey). Every block of the call's size is charged
+// to the line that made the call, under the chain of lines above it.
+TEST_F(Python313Bpf, MallocWithTheGilReleasedKeepsItsPythonFrames) {
+  const int N = 25;
+  std::string prog =
+      "import ctypes\n"                                     // 1
+      "libc = ctypes.CDLL(None)\n"                          // 2
+      "libc.malloc.restype = ctypes.c_void_p\n"             // 3
+      "libc.malloc.argtypes = [ctypes.c_size_t]\n"          // 4
+      "keep = []\n"                                         // 5
+      "def inner():\n"                                      // 6
+      "    for _ in range(" + std::to_string(N) + "):\n"    // 7
+      "        keep.append(libc.malloc(7777))\n"            // 8
+      "def middle():\n"                                     // 9
+      "    inner()\n"                                       // 10
+      "def outer():\n"                                      // 11
+      "    middle()\n"                                      // 12
+      "outer()\n";                                          // 13
+  std::string dst = trixie_root() + "/tmp/py_nogil_target.py";
+  {
+    std::ofstream f(dst);
+    f << prog;
+  }
+  std::vector<std::string> args = {"--"};
+  for (const auto& a : python({"/tmp/py_nogil_target.py"})) args.push_back(a);
+  ToolRun r = run_tool(args);
+  unlink(dst.c_str());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json* p = find_comm(r.report, "python3.13");
+  ASSERT_TRUE(p) << r.report.dump().substr(0, 2000);
+  long blocks = 0, bytes = 0;
+  std::string chain;
+  std::vector<std::string> names;
+  for (const auto& g : p->value("leaks", json::array())) {
+    if (g.value("bytes", 0l) != 7777l * g.value("blocks", 0l)) continue;
+    blocks += g.value("blocks", 0l);
+    bytes += g.value("bytes", 0l);
+    names.clear();
+    chain = py_chain(g["stack"], &names);
+  }
+  EXPECT_EQ(blocks, N);
+  EXPECT_EQ(bytes, 7777l * N);
+  EXPECT_EQ(chain, "py_nogil_target.py:8 < py_nogil_target.py:10 < py_nogil_target.py:12 < py_nogil_target.py:13");
+  EXPECT_EQ(names, (std::vector<std::string>{"inner", "middle", "outer", "<module>"}));
 }
 
 }  // namespace
