@@ -475,6 +475,12 @@ Result<void> can_inject(pid_t pid) {
     if (line.rfind("Seccomp:", 0) == 0 && atoi(line.c_str() + 8) != 0)
       return Error::msg(who + " runs under seccomp (mode " + std::to_string(atoi(line.c_str() + 8)) +
                         "): the agent's syscalls could be refused or kill it");
+  // A chroot's or a container's process: the agent's file and its ring
+  // (/dev/shm) would have to be placed under its root, which is not done yet.
+  struct stat theirs {}, ours {};
+  if (stat(("/proc/" + std::to_string(pid) + "/root").c_str(), &theirs) == 0 && stat("/proc/self/root", &ours) == 0 &&
+      (theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino))
+    return Error::msg(who + " runs in another root (a chroot's or a container's): the agent is not placed there yet");
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
   if (yama >> scope && scope >= 3) return Error::msg("ptrace is disabled on this system (Yama ptrace_scope 3)");

@@ -172,7 +172,9 @@ Result<void> Tracer::load() {
   bool cfi = o_.stacks && o_.cfi;
   skel_->rodata->unwind_disabled = !cfi;
 #if defined(__x86_64__)
-  skel_->rodata->python_frames = o_.stacks && o_.python_frames != python::Mode::Off && !o_.inject;
+  // (--inject too: a process the agent cannot be loaded in is traced by
+  // uprobes, its Python frames walked here; the agent walks its own.)
+  skel_->rodata->python_frames = o_.stacks && o_.python_frames != python::Mode::Off;
 #endif
   if (!cfi) bpf_map__set_max_entries(skel_->maps.unwind_shards, 1);
   {

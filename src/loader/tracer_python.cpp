@@ -24,7 +24,8 @@ bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_
     if (d.interp) pymem_add(pid, *d.interp, *maps);
     return false;
   }
-  if (!walk && (o_.inject || !skel_)) return false;  // the BPF walk: not for --inject's processes
+  // The BPF walk: not for a process the agent traces (it walks its own).
+  if (!walk && (!skel_ || (o_.inject && procs_.count(pid) && procs_[pid].injected))) return false;
   if (auto it = py_.find(pid); it != py_.end() && it->second.exited) python_forget(pid);  // the pid used again
   if (auto it = py_.find(pid); it != py_.end()) {
     // The same interpreter still mapped: nothing new.
@@ -97,7 +98,7 @@ bool Tracer::python_add(pid_t pid, const std::vector<procfs::Mapping>* maps, mt_
   PyProc& p = py_[pid];
   p.in = *d.interp;
   p.code = std::make_unique<python::CodeReader>(pid, p.in);
-  if (!walk) pymem_add(pid, p.in, *maps);  // the BPF path's python domain
+  if (!walk && !o_.inject) pymem_add(pid, p.in, *maps);  // the BPF path's python domain (not beside an agent)
   return true;
 #else
   (void)pid;

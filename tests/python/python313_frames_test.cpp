@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -179,6 +180,22 @@ TEST_F(Python313Bpf, LaunchedPythonMallocMallocChargesTracemallocsLines) {
   ToolRun r = run_tool(args);
   unsetenv("PYTHONMALLOC");
   ASSERT_EQ(r.code, 0) << r.err;
+  expect_tracemallocs_lines(r);
+}
+
+// --inject into a process in another root (the chroot's python3.13): the
+// agent is not placed there yet, so one line says so and the process is
+// traced by uprobes, with its Python frames walked by BPF as without
+// --inject: tracemalloc's lines again.
+TEST_F(Python313Bpf, InjectInAChrootIsTracedByUprobesWithItsPythonFrames) {
+  std::vector<std::string> args = {"--inject", "--"};
+  for (const auto& a : python({script_in_root()})) args.push_back(a);
+  ToolRun r = run_tool(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("runs in another root (a chroot's or a container's): the agent is not placed there yet"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   expect_tracemallocs_lines(r);
 }
 
