@@ -755,8 +755,6 @@ int Tracer::run() {
     bool behind = false;  // --inject: copied records wait for the model: no sleep
     for (const auto& s : injected_) behind = behind || s->backlog();
     int n = poll(injected_.empty() ? 50 : behind ? 0 : 2);  // --inject: the agent's ring has no wakeup; a writer waits when it is full
-    if (metrics_)  // a scrape waits: the counters as drained so far (metrics/exporter.h)
-      metrics_->serve([this] { return metrics::snapshot_of(model_, drops(), {o_.faults, !system_wide_}); });
     // --faults: drain at least every 50 ms, so that faults on mappings made
     // before tracing are attributed from /proc/PID/maps while they exist.
     if (o_.faults && (release_held() || held_.empty())) ring_buffer__consume(rb_events_);
@@ -765,6 +763,11 @@ int Tracer::run() {
       break;
     }
     retire_exited();
+    // A scrape waits: the counters as drained so far (metrics/exporter.h),
+    // after the exits this drain was past (a process that ended before the
+    // scrape is gone in it).
+    if (metrics_)
+      metrics_->serve([this] { return metrics::snapshot_of(model_, drops(), {o_.faults, !system_wide_}); });
     // A thread a restore's stop found in D state (inject::StopLimits): it
     // stops once it leaves that state, and only this thread may let it go.
     inject::release_late_threads();
