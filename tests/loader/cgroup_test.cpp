@@ -225,3 +225,85 @@ TEST_F(CgroupTracing, EveryOutputLabelsItsProcessesWithCgroupAndContainer) {
 }
 
 }  // namespace
+
+// The tool inside a privileged container with the host's pid namespace: its
+// own root (a directory holding only its static binary, /proc, /sys and /dev
+// bound in, a mount namespace of its own, as `docker run --privileged
+// --pid=host` gives), tracing a host process by -p and one started later by
+// -c: exact counts, and stacks named from the host's files, which it reads
+// through /proc/PID/root (the paths in the host's maps are not in its root).
+class Container : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MEMTRACE_REQUIRE_ROOT();
+    if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no BTF: BPF CO-RE unavailable");
+    root = tmpfile("ctr");
+    ASSERT_EQ(mkdir(root.c_str(), 0755), 0);
+    for (const char* d : {"/proc", "/sys", "/dev", "/tmp"}) ASSERT_EQ(mkdir((root + d).c_str(), 0755), 0);
+    ASSERT_EQ(run_argv({"/bin/cp", tool(), root + "/memtrace-bpf"}).code, 0);
+    // a static binary: nothing of the host's libraries in the container
+    ASSERT_EQ(run_argv({"/bin/sh", "-c", "readelf -l " + root + "/memtrace-bpf | grep -q INTERP"}).code, 1)
+        << "memtrace-bpf is not statically linked";
+  }
+  void TearDown() override {
+    if (!root.empty()) run_argv({"/bin/rm", "-rf", root});
+  }
+  // argv of the tool in the container (the mounts go with its namespace)
+  std::vector<std::string> in_container(const std::string& args) {
+    return {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+            "mount --bind /proc " + root + "/proc && mount --rbind /sys " + root + "/sys && mount --bind /dev " + root +
+                "/dev && exec chroot " + root + " /memtrace-bpf " + args};
+  }
+  std::string root;
+};
+
+TEST_F(Container, ToolInAPrivilegedContainerTracesHostProcessesExactly) {
+  const long R = 20;
+  Child t = spawn({target("alloc_rounds"), "--wait", "--rounds", std::to_string(R)});
+  std::string to;
+  ASSERT_TRUE(read_until(t.out, "ready", &to)) << to;
+  Child m = spawn(in_container("-p " + std::to_string(t.pid) + " -c mt_comm_target --format json -o /tmp/r.json"));
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "Ctrl-C", &merr)) << merr;
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  ASSERT_TRUE(read_until(t.out, "per_round", &to)) << to;
+  PerRound per = parse_per_round(to);
+  // and host processes started now, taken at their exec by name: one with
+  // no rounds (its start-up's calls) and one with three
+  Child l0 = spawn({target("mt_comm_target"), "--rounds", "0"});
+  close(l0.in);
+  read_all(l0.out);
+  ASSERT_EQ(wait_exit(l0.pid), 0);
+  Child l3 = spawn({target("mt_comm_target"), "--rounds", "3"});
+  close(l3.in);
+  PerRound lper = parse_per_round(read_all(l3.out));
+  ASSERT_EQ(wait_exit(l3.pid), 0);
+  ASSERT_EQ(write(t.in, "\n", 1), 1);
+  close(t.in);
+  read_all(t.out);
+  ASSERT_EQ(wait_exit(t.pid), 0);
+  usleep(300 * 1000);
+  kill(m.pid, SIGINT);
+  merr += read_all(m.err);
+  ASSERT_EQ(wait_exit(m.pid), 0) << merr;
+  std::ifstream f(root + "/tmp/r.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  const json* p = find_proc(j, t.pid);
+  ASSERT_TRUE(p) << ss.str().substr(0, 2000) << merr;
+  EXPECT_EQ((*p)["summary"]["allocs"], R * per.allocs);
+  EXPECT_EQ((*p)["summary"]["in_use_blocks"], R * per.leaked_blocks);
+  bool named = false;
+  for (const auto& g : p->value("leaks", json::array()))
+    for (const auto& fr : g["stack"])
+      named = named || (fr.value("function", "") == "leak_here" && fr.value("file", "").find("alloc_rounds.c") !=
+                                                                        std::string::npos && fr.value("line", 0) > 0);
+  EXPECT_TRUE(named) << p->dump().substr(0, 3000);
+  const json* q0 = find_proc(j, l0.pid);
+  const json* q3 = find_proc(j, l3.pid);
+  ASSERT_TRUE(q0 && q3) << ss.str().substr(0, 2000);
+  EXPECT_EQ((*q3)["summary"]["allocs"].get<long>() - (*q0)["summary"]["allocs"].get<long>(), 3 * lper.allocs);
+  EXPECT_EQ((*q3)["summary"]["bytes_allocated"].get<long>() - (*q0)["summary"]["bytes_allocated"].get<long>(),
+            3 * lper.bytes);
+}
