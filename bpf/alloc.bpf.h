@@ -47,6 +47,85 @@ static __always_inline bool is_realloc(__u32 role)
 	return role == MT_ROLE_REALLOC || role == MT_ROLE_REALLOCARRAY || role == MT_ROLE_PY_REALLOC;
 }
 
+/* ---- --sample-bytes N (issue 34) on the BPF path: each thread counts down
+ * the bytes to its next sample (mt_inflight.sample_left), the distance drawn
+ * from an exponential distribution of mean N (MT_SAMPLE_GAPS quantiles the
+ * loader computes, picked at random), as tcmalloc's sampler and the agent's.
+ * An unsampled call still pays its uprobe and uretprobe; it skips the stack
+ * and the record. A sampled block's address bumps a counter in
+ * sample_buckets; a free whose bucket is 0 is not recorded (no lookup in
+ * the loader), one that is not 0 is, and takes it down (a block of another
+ * address in the bucket: the model finds no block, frees_of_unseen_blocks).
+ * The loader weights each sampled block by 1 / (1 - exp(-size / N)). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_SAMPLE_GAPS);
+	__type(key, __u32);
+	__type(value, __u32);
+} sample_gaps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* the loader sizes it (1 << 20) when sampling */
+	__type(key, __u32);
+	__type(value, __u32);
+} sample_buckets SEC(".maps");
+
+/* The size the call asks for (the same arguments as the record's below). */
+static __always_inline __u64 asked_size(struct pt_regs *ctx, __u32 role)
+{
+	switch (role) {
+	case MT_ROLE_CALLOC:
+		return mul_sat(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
+	case MT_ROLE_REALLOC:
+		return PT_REGS_PARM2(ctx);
+	case MT_ROLE_REALLOCARRAY:
+		return mul_sat(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+	case MT_ROLE_POSIX_MEMALIGN:
+		return PT_REGS_PARM3(ctx);
+	case MT_ROLE_ALIGNED_ALLOC:
+	case MT_ROLE_MEMALIGN:
+	case MT_ROLE_PY_MALLOC:
+		return PT_REGS_PARM2(ctx);
+	case MT_ROLE_PY_CALLOC:
+		return mul_sat(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+	case MT_ROLE_PY_REALLOC:
+		return PT_REGS_PARM3(ctx);
+	default:
+		return PT_REGS_PARM1(ctx);
+	}
+}
+
+static __always_inline __u32 *sample_bucket(__u64 addr)
+{
+	__u32 k = (__u32)(((addr >> 4) * 0x9E3779B97F4A7C15ULL) >> 40) & sample_bucket_mask;
+
+	return bpf_map_lookup_elem(&sample_buckets, &k);
+}
+
+static __always_inline __s64 sample_gap(void)
+{
+	__u32 i = bpf_get_prandom_u32() & (MT_SAMPLE_GAPS - 1);
+	__u32 *g = bpf_map_lookup_elem(&sample_gaps, &i);
+
+	return g && *g ? (__s64)*g : (__s64)sample_bytes;
+}
+
+/* Whether a free of addr is recorded: always without sampling, else when
+ * its bucket holds a sampled block (taken down). */
+static __always_inline bool free_recorded(__u64 addr)
+{
+	__u32 *b;
+
+	if (!sample_bytes)
+		return true;
+	b = sample_bucket(addr);
+	if (!b || !*b)
+		return false;
+	__sync_fetch_and_add(b, -1);
+	return true;
+}
+
 static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_at, __u64 cookie)
 {
 	mt_task_t task = current_task();
@@ -105,7 +184,7 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 			count(MT_C_NESTED);
 			return 0;
 		}
-		if (ptr) /* free(NULL) is not a free */
+		if (ptr && free_recorded(ptr)) /* free(NULL) is not a free */
 			emit(MT_EV_FREE, 0, pid_tgid, ptr, 0, 0, 0, 0, role, 0);
 		if (cur) {
 			cur->depth = 0;
@@ -122,10 +201,34 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 		count(MT_C_INFLIGHT_FULL);
 		if (is_realloc(role)) {
 			__u64 old = arg1_or_2(ctx, role == MT_ROLE_PY_REALLOC);
-			if (old)
+			if (old && free_recorded(old))
 				emit(MT_EV_FREE, MT_F_NO_STACK, pid_tgid, old, 0, 0, 0, 0, role, 0);
 		}
 		return 0;
+	}
+
+	if (sample_bytes) {
+		/* Not sampled: no stack, no record; the depth still pairs
+		 * the call with its return (nested calls), and realloc's old
+		 * block dies if it was a sampled one. */
+		__s64 left = cur->sample_left > 0 ? cur->sample_left : sample_gap();
+
+		left -= (__s64)asked_size(ctx, role);
+		if (left > 0) {
+			struct mt_inflight un = {.sp = sp, .role = role, .depth = 1, .flags = MT_F_UNSAMPLED,
+						 .sample_left = left};
+			if (is_realloc(role)) {
+				__u64 old = arg1_or_2(ctx, role == MT_ROLE_PY_REALLOC);
+				if (old && free_recorded(old)) {
+					emit(MT_EV_FREE, MT_F_NO_STACK, pid_tgid, old, 0, 0, 0, 0, role, 0);
+					un.arg0 = old; /* a failure revives it */
+					un.arg1 = asked_size(ctx, role);
+				}
+			}
+			*cur = un;
+			return 0;
+		}
+		cur->sample_left = sample_gap();
 	}
 
 	/* The stack first, with nothing branch-dependent live across it, so
@@ -192,9 +295,14 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 	/* realloc(p, n), p != NULL: the old block dies now, before the
 	 * allocator can hand its address to another thread. A failure is
 	 * undone by MT_EV_REALLOC_FAIL at return. */
-	if (is_realloc(role) && rec.arg0)
-		emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
+	if (is_realloc(role) && rec.arg0) {
+		if (free_recorded(rec.arg0))
+			emit(MT_EV_FREE, flags, pid_tgid, rec.arg0, 0, 0, 0, rec.stack_id, role, 0);
+		else
+			rec.flags |= MT_F_OLD_UNRECORDED;
+	}
 
+	rec.sample_left = cur->sample_left;
 	*cur = rec;
 	return 0;
 }
@@ -260,6 +368,13 @@ int mt_alloc_exit(struct pt_regs *ctx)
 	role = cur->role;
 	size = cur->arg0;
 	addr = ret;
+	if (cur->flags & MT_F_UNSAMPLED) {
+		/* realloc(p, n) that fails leaves p alive: p's free was recorded
+		 * at entry (a sampled block), so is its revival */
+		if (is_realloc(role) && cur->arg0 && !ret && cur->arg1)
+			emit(MT_EV_REALLOC_FAIL, 0, pid_tgid, cur->arg0, cur->arg1, 0, 0, 0, role, 0);
+		return 0;
+	}
 
 	switch (role) {
 	case MT_ROLE_REALLOC:
@@ -269,8 +384,8 @@ int mt_alloc_exit(struct pt_regs *ctx)
 		if (cur->arg0 && !ret) {
 			/* realloc(p, 0) frees p (already emitted); realloc(p, n)
 			 * that fails leaves p alive. */
-			if (size)
-				emit(MT_EV_REALLOC_FAIL, cur->flags, pid_tgid, cur->arg0, size, 0, 0,
+			if (size && !(cur->flags & MT_F_OLD_UNRECORDED))
+				emit(MT_EV_REALLOC_FAIL, cur->flags & ~MT_F_BPF_ONLY, pid_tgid, cur->arg0, size, 0, 0,
 				     cur->stack_id, role, 0);
 			return 0;
 		}
@@ -284,11 +399,16 @@ int mt_alloc_exit(struct pt_regs *ctx)
 		break;
 	}
 	if (!addr) {
-		emit(MT_EV_ALLOC_FAIL, cur->flags, pid_tgid, 0, size, 0, 0, cur->stack_id, role, 0);
+		emit(MT_EV_ALLOC_FAIL, cur->flags & ~MT_F_BPF_ONLY, pid_tgid, 0, size, 0, 0, cur->stack_id, role, 0);
 		return 0;
 	}
-	emit(MT_EV_ALLOC, cur->flags, pid_tgid, addr, size,
-	     is_realloc(role) ? cur->arg0 : 0, 0,
+	if (sample_bytes) { /* a sampled block: its free is to be recorded */
+		__u32 *b = sample_bucket(addr);
+		if (b)
+			__sync_fetch_and_add(b, 1);
+	}
+	emit(MT_EV_ALLOC, cur->flags & ~MT_F_BPF_ONLY, pid_tgid, addr, size,
+	     is_realloc(role) && !(cur->flags & MT_F_OLD_UNRECORDED) ? cur->arg0 : 0, 0,
 	     cur->stack_id, role, 0);
 	return 0;
 }

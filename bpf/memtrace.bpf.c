@@ -44,6 +44,10 @@ const volatile char comms[MT_MAX_COMMS][MT_COMM_LEN] = {};
 const volatile __u64 cgroup_id = 0;
 const volatile __u32 cgroup_level = 0;
 const volatile __u64 wakeup_bytes = 1 << 20;	/* wake the loader once this much is queued */
+/* --sample-bytes N (issue 34): one allocation per N bytes on average is
+ * recorded (0: every one), alloc.bpf.h's sampler. */
+const volatile __u64 sample_bytes = 0;
+const volatile __u32 sample_bucket_mask = 0;
 
 /* Set by the loader when tracing ends, before it detaches: an allocator
  * entry from then on starts no record. Detaching a file's return probes can

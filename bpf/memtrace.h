@@ -106,6 +106,13 @@ enum mt_kind {
 /* MT_EV_EXEC in the lifecycle ring, system-wide: the program has no
  * interpreter (statically linked: its allocator, if any, is in its own file). */
 #define MT_F_EXEC_STATIC (1u << 13)
+/* --sample-bytes on the BPF path, in mt_inflight.flags only (never sent):
+ * the call in flight is not sampled; realloc's old block was not a sampled
+ * one (no free was recorded for it, nor may a failure revive it). */
+#define MT_F_UNSAMPLED (1u << 14)
+#define MT_F_OLD_UNRECORDED (1u << 15)
+#define MT_F_BPF_ONLY (MT_F_UNSAMPLED | MT_F_OLD_UNRECORDED)
+#define MT_SAMPLE_GAPS 1024 /* exponential gaps the loader computes for --sample-bytes */
 
 /* A file as the kernel names it: its superblock's s_dev (major << 20 | minor)
  * and its inode number (the static_known map). */
@@ -325,6 +332,7 @@ struct mt_inflight {
 	__u32 flags;
 	__u32 img;      /* the thread's process's current image (or MT_IMAGE_ANY) ... */
 	__u64 img_mm;   /* ... while its mm is this one (0: look it up again) */
+	__s64 sample_left; /* --sample-bytes: bytes to this thread's next sample (0: none drawn yet) */
 };
 
 /* Per-syscall state between sys_enter and sys_exit (mmap, mremap, brk). */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -28,6 +29,26 @@
 #include "metrics/exporter.h"
 
 namespace memtrace::loader {
+
+namespace {
+
+// The sampler's distances (bpf/alloc.bpf.h): MT_SAMPLE_GAPS quantiles of an
+// exponential distribution of mean n, at the middles of equal-probability
+// slices, scaled so that their mean is n exactly (the weights the model
+// gives sampled blocks assume that mean).
+Result<void> fill_sample_gaps(int fd, uint64_t n) {
+  std::vector<double> g(MT_SAMPLE_GAPS);
+  double sum = 0;
+  for (size_t i = 0; i < g.size(); i++) sum += g[i] = -std::log((double(i) + 0.5) / double(g.size()));
+  for (uint32_t i = 0; i < g.size(); i++) {
+    double v = g[i] * double(n) * double(g.size()) / sum;
+    uint32_t gap = static_cast<uint32_t>(std::clamp(v, 1.0, 4294967295.0));
+    if (bpf_map_update_elem(fd, &i, &gap, BPF_ANY)) return Error::sys("sample_gaps map update");
+  }
+  return {};
+}
+
+}  // namespace
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
@@ -169,6 +190,13 @@ Result<void> Tracer::load() {
   bpf_map__set_max_entries(skel_->maps.events, rb << 20);
   ro->wakeup_bytes = (rb << 20) / 8;
 
+  // --sample-bytes on the BPF path (bpf/alloc.bpf.h's sampler): a bucket
+  // table for the sampled blocks' frees, 4 MiB, only when sampling.
+  if (o_.sample_bytes && !o_.inject) {
+    ro->sample_bytes = o_.sample_bytes;
+    bpf_map__set_max_entries(skel_->maps.sample_buckets, 1u << 20);
+    ro->sample_bucket_mask = (1u << 20) - 1;
+  }
   bool cfi = o_.stacks && o_.cfi;
   skel_->rodata->unwind_disabled = !cfi;
 #if defined(__x86_64__)
@@ -223,6 +251,8 @@ Result<void> Tracer::load() {
   bool defer = parallel && o_.inject && !getenv("MEMTRACE_NO_DEFER");
   if (auto r = load_objects(objs_, full_bpf_, parallel, defer); !r) return r;
   phase("load: BPF maps created, programs verified");
+  if (o_.sample_bytes && !o_.inject)
+    if (auto r = fill_sample_gaps(bpf_map__fd(skel_->maps.sample_gaps), o_.sample_bytes); !r) return r;
   // Before any program is attached: from here on, a process can be stopped.
   if (guardian_)
     if (auto r = guardian_->arm(bpf_map__fd(skel_->maps.stopped), bpf_map__fd(skel_->maps.loader_gone),
@@ -604,6 +634,8 @@ int Tracer::check(std::ostream& os) {
   }
   teardown();
   for (const auto& n : kernel_notes_) os << "note     " << n << "\n";
+  os << "note     --sample-bytes on the BPF path: every allocator call still takes its uprobe traps; only the "
+        "sampled ones take a stack and a record (--inject: an unsampled call costs nanoseconds)\n";
   os << (rc ? "memtrace-bpf cannot run on this kernel\n" : "memtrace-bpf can run on this kernel\n");
   return rc;
 }
