@@ -1,6 +1,7 @@
 // memtrace-bpf: where memory goes, from outside the process.
 #include <ucontext.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -144,7 +145,9 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", o.verbose, "Log attach/exec/fork/exit; end the text report with STATS, the tool's own counters");
   app.add_flag("--inject", o.inject,
                "With -p: load memtrace's agent library into the process (ptrace, no restart) and take its malloc "
-               "family from there instead of uprobes: in-process cost (docs/inject.md)");
+               "family from there instead of uprobes: in-process cost (docs/inject.md); its stacks walk the CFI "
+               "tables in the process (MEMTRACE_INJECT_UNWIND=libunwind: libunwind's instead; =verify: both, "
+               "compared on every stack)");
   app.add_option("--inject-ring-mb", o.inject_ring_mb, "--inject: the agent's ring, MiB (default 64, a power of two)");
   app.add_option("--sample-bytes", o.sample_bytes,
                  "Record one allocation per N bytes allocated on average (Poisson, per thread), weighted: every "
@@ -279,6 +282,18 @@ int main(int argc, char** argv) {
   if (o.inject && o.pids.empty() && o.comms.empty() && o.command.empty() && !o.cgroup) {
     std::cerr << "memtrace-bpf: --inject needs -p PID, -c COMM, --cgroup PATH or a program to launch (not system-wide)\n";
     return 2;
+  }
+  // --inject's unwinder (docs/inject.md): the CFI rows' walk unless told.
+  if (const char* e = getenv("MEMTRACE_INJECT_UNWIND"); e && *e) {
+    using IU = memtrace::loader::Options::InjectUnwind;
+    std::string v = e;
+    if (v == "cfi") o.inject_unwind = IU::Cfi;
+    else if (v == "libunwind") o.inject_unwind = IU::Libunwind;
+    else if (v == "verify") o.inject_unwind = IU::Verify;
+    else {
+      std::cerr << "memtrace-bpf: MEMTRACE_INJECT_UNWIND=" << v << ": not cfi, libunwind or verify\n";
+      return 2;
+    }
   }
   if (o.inject && (o.inject_ring_mb == 0 || (o.inject_ring_mb & (o.inject_ring_mb - 1)))) {
     std::cerr << "memtrace-bpf: --inject-ring-mb must be a power of two\n";

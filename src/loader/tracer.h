@@ -84,6 +84,10 @@ struct Options {
   // mmap/brk, exec/fork/exit.
   bool inject = false;
   size_t inject_ring_mb = 64;
+  // --inject's stacks under --unwind cfi (issue 33, MEMTRACE_INJECT_UNWIND):
+  // the agent's walk on the loader's CFI rows (default), libunwind's alone,
+  // or the rows' walk compared with libunwind's on every stack (verify).
+  enum class InjectUnwind { Cfi, Libunwind, Verify } inject_unwind = InjectUnwind::Cfi;
   // --sample-bytes N (issue 34): the agent records one allocation per N
   // bytes on average (Poisson, per thread), weighted; 0: every call.
   uint64_t sample_bytes = 0;

@@ -329,6 +329,18 @@ Result<void> Tracer::setup_targets() {
   return {};
 }
 
+namespace {
+// How the agent walks stacks (ring.h stack_used), for the attach line.
+std::string stack_walk_name(uint32_t used, bool verify) {
+  switch (used) {
+    case MT_INJ_STACK_CFI: return verify ? "CFI rows, each compared with libunwind's" : "CFI rows";
+    case MT_INJ_STACK_LIBUNWIND: return "libunwind";
+    case MT_INJ_STACK_FP: return "frame pointers";
+    default: return "none";
+  }
+}
+}  // namespace
+
 // --inject: the agent loaded into pid (src/inject); its records come
 // through the session's ring (drain_injected), BPF's targets entry keeps
 // pid's mmap/brk and lifecycle records coming.
@@ -340,7 +352,15 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   so.agent = inject::agent_path();
   so.ring_mb = o_.inject_ring_mb;
   so.sample_bytes = o_.sample_bytes;
-  so.stack_mode = !o_.stacks ? MT_INJ_STACK_NONE : o_.cfi ? MT_INJ_STACK_LIBUNWIND : MT_INJ_STACK_FP;
+  // --unwind cfi: the agent walks the loader's CFI rows (issue 33; a walk
+  // they cannot finish is libunwind's), or libunwind alone, or both on every
+  // stack (MEMTRACE_INJECT_UNWIND, main.cpp).
+  using IU = Options::InjectUnwind;
+  so.stack_mode = !o_.stacks ? MT_INJ_STACK_NONE
+                  : !o_.cfi  ? MT_INJ_STACK_FP
+                  : o_.inject_unwind == IU::Libunwind ? MT_INJ_STACK_LIBUNWIND
+                                                      : MT_INJ_STACK_CFI;
+  so.verify_stacks = so.stack_mode == MT_INJ_STACK_CFI && o_.inject_unwind == IU::Verify;
   // One read of its maps for the whole attach (the allocator's detection,
   // the agent's load, the deadlock-window check, the trampolines).
   Snapshot snap(pid, &maps_reads_);
@@ -366,8 +386,17 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   if (!so.allocator_name.empty()) log("pid " + std::to_string(pid) + ": allocator " + so.allocator_name);
   log("injected " + so.agent + " into pid " + std::to_string(pid) + ": " + std::to_string(h.slots_hooked) +
       " GOT slots in " + std::to_string(h.objects_hooked) + " objects, stacks by " +
-      (h.stack_used == MT_INJ_STACK_LIBUNWIND ? "libunwind" : h.stack_used == MT_INJ_STACK_FP ? "frame pointers" : "none") +
+      stack_walk_name(h.stack_used, so.verify_stacks) +
       "; stopped " + std::to_string((*s)->load_stats().stopped_us) + " us (" + std::to_string(us) + " us in all)");
+  if (so.stack_mode == MT_INJ_STACK_CFI) {
+    const auto& c = (*s)->cfi_stats();
+    char ms[32];
+    snprintf(ms, sizeof ms, "%.1f", c.build_ms);
+    log("pid " + std::to_string(pid) + ": CFI rows of " + std::to_string(c.mods) + " mappings (" +
+        std::to_string(c.rows) + " rows, " + std::to_string(c.bytes >> 10) + " KiB, built in " + ms + " ms); " +
+        std::to_string(c.mappings_without) + " mappings without (their frames libunwind's)" +
+        (c.first_error.empty() ? "" : ": " + c.first_error));
+  }
   // Its records copied out of the ring as they come, up to 4x the ring
   // held here while the model catches up (the target waits only past it).
   (*s)->start_copier(o_.inject_ring_mb << 22);

@@ -113,6 +113,22 @@ report::Drops Tracer::drops() {
     uint64_t peak = 0;
     for (const auto& s : injected_) peak = std::max<uint64_t>(peak, s->backlog_peak());
     d.stats["inject_backlog_peak_kb"] = peak >> 10;  // records copied out of the ring, not yet in the model
+    // The agent's CFI walk (ring.h MT_INJ_STACK_CFI): walks the rows could
+    // not finish, redone by libunwind; stacks left short (no libunwind: the
+    // rows' frames, flagged truncated); MEMTRACE_INJECT_UNWIND=verify: walks
+    // compared with libunwind's, and those that differed.
+    uint64_t slow = 0, cut = 0, verified = 0, mismatch = 0;
+    for (const auto& s : injected_) {
+      const volatile mt_inj_hdr& h = const_cast<inject::Session&>(*s).ring().hdr();
+      slow += h.stack_slow;
+      cut += h.stack_cut;
+      verified += h.stack_verified;
+      mismatch += h.stack_mismatch;
+    }
+    d.stats["inject_stack_slow"] = slow;
+    d.dropped["inject_stack_cut"] = cut;
+    d.stats["inject_stack_verified"] = verified;
+    d.stats["inject_stack_mismatch"] = mismatch;
   }
   d.stats["events"] = model_.event_count();
   {  // what the heap model holds (the tool's memory on a long system-wide run)
