@@ -4,7 +4,8 @@
 // malloc family, C++ new/delete and jemalloc's *allocx entries hooked;
 // counts exact, equal to the BPF path's. And Debian's redis-server (linked
 // with libjemalloc): a known number of SETs seen, redis serving after the
-// tool ends and after it is SIGKILLed.
+// tool ends and after it is SIGKILLed; its stacks by the agent's CFI walk
+// equal to libunwind's.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -207,7 +208,7 @@ std::string redis_call(int port, const std::vector<std::string>& args) {
 }
 
 // SETs of N distinct keys, one connection, pipelined: the replies read.
-bool redis_sets(int port, int n, size_t value_bytes) {
+bool redis_sets(int port, int n, size_t value_bytes, const std::string& prefix = "k") {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -216,7 +217,7 @@ bool redis_sets(int port, int n, size_t value_bytes) {
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return false;
   std::string value(value_bytes, 'v');
   for (int i = 0; i < n; i++) {
-    std::string key = "k" + std::to_string(100000 + i);
+    std::string key = prefix + std::to_string(100000 + i);
     std::string req = "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$" +
                       std::to_string(value.size()) + "\r\n" + value + "\r\n";
     if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return false;
@@ -318,7 +319,104 @@ void redis_inject(bool sigkill) {
   EXPECT_EQ(exit_within(r, 20000), 0);
 }
 
+// One --inject -p session on redis under MEMTRACE_INJECT_UNWIND=mode: N
+// SETs of V-byte values to new keys (prefix), then redis-benchmark's
+// `-n B -t set,get,lpush` (its key and its list: 2 keys more), SIGINT.
+// The report; *site: the stack of the SETs' values (the leak site of N
+// blocks), "function@address" a frame.
+struct RedisRun {
+  json rep;
+  std::vector<std::string> site;
+  std::string err;
+};
+void redis_traced(pid_t r, int port, const std::string& mode, const std::string& prefix, int n, size_t v, int bench,
+                  RedisRun* out) {
+  std::string rep = tmpfile("redis-cfi");
+  Child m = spawn({"/usr/bin/env", "MEMTRACE_INJECT_UNWIND=" + mode, MEMTRACE_BIN, "--format", "json", "-o", rep, "-v",
+                   "--inject", "-p", std::to_string(r)});
+  close(m.in);
+  ASSERT_TRUE(read_until(m.err, "tracing", &out->err)) << out->err;
+  EXPECT_EQ(out->err.find("traced with uprobes instead"), std::string::npos) << out->err;
+  EXPECT_NE(out->err.find(mode == "libunwind" ? "stacks by libunwind" : "stacks by CFI rows"), std::string::npos)
+      << out->err;
+  EXPECT_TRUE(redis_sets(port, n, v, prefix));
+  std::string cmd = "redis-benchmark -h 127.0.0.1 -p " + std::to_string(port) + " -c 20 -n " + std::to_string(bench) +
+                    " -t set,get,lpush -q >/dev/null 2>&1";
+  EXPECT_EQ(system(cmd.c_str()), 0) << cmd;
+  kill(m.pid, SIGINT);
+  EXPECT_EQ(exit_within(m.pid, 60000), 0) << out->err;
+  read_until(m.err, "\x01", &out->err, 200);
+  out->rep = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_proc(out->rep, r);
+  ASSERT_TRUE(p) << out->err;
+  expect_nothing_dropped(out->rep);
+  EXPECT_EQ(out->rep["dropped"]["inject_stack_cut"].get<long>(), 0);
+  for (const auto& l : (*p)["leaks"])
+    if (l["blocks"].get<long>() == n && l["bytes"].get<long>() >= static_cast<long>(n * v) &&
+        l["bytes"].get<long>() < static_cast<long>(n * (v + 64))) {
+      EXPECT_TRUE(out->site.empty()) << "two sites of " << n << " blocks";
+      for (const auto& f : l["stack"])
+        out->site.push_back(f.value("function", "") + "@" + f.value("address", ""));
+    }
+  EXPECT_FALSE(out->site.empty()) << (*p)["leaks"].dump().substr(0, 4000);
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& f : v) s += (s.empty() ? "" : " < ") + f;
+  return s;
+}
+
 }  // namespace
 
 TEST(InjectAllocators, RedisSetsCountedAndServingAfterTheTool) { redis_inject(false); }
 TEST(InjectAllocators, RedisServingAfterTheToolIsKilled) { redis_inject(true); }
+
+// The agent's CFI walk (the default) on a real program (issue 33): one
+// redis-server (no frame pointers), traced three times in turn:
+// MEMTRACE_INJECT_UNWIND=verify (every walk of the rows compared with
+// libunwind's inside redis: none differs), =libunwind, and the default.
+// The SETs' values have the stack gdb shows for them (malloc's caller
+// zmalloc_usable < _sdsnewlen < createStringObject < processMultibulkBuffer
+// < processInputBuffer < readQueryFromClient ... aeMain < main), the same
+// frames at the same addresses in all three reports.
+TEST(InjectAllocators, RedisCfiStacksAreLibunwinds) {
+  MEMTRACE_REQUIRE_ROOT();
+  if (access("/usr/bin/redis-server", X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("redis-server missing (scripts/deps.txt)");
+  if (access("/usr/bin/redis-benchmark", X_OK) != 0) MEMTRACE_SKIP_OR_FAIL("redis-benchmark missing (scripts/deps.txt)");
+  int port = free_port();
+  pid_t r = start_redis(port);
+  ASSERT_GT(r, 0) << "redis-server did not answer on port " << port;
+  const int N = 2000, B = 10000;
+  const size_t V = 1500;
+  RedisRun verify, unw, cfi;
+  redis_traced(r, port, "verify", "v", N, V, B, &verify);
+  redis_traced(r, port, "libunwind", "u", N, V, B, &unw);
+  redis_traced(r, port, "cfi", "c", N, V, B, &cfi);
+  EXPECT_EQ(redis_call(port, {"DBSIZE"}), ":" + std::to_string(3 * N + 2));  // the SETs' keys, the bench's key and list
+  EXPECT_EQ(redis_call(port, {"PING"}), "+PONG");
+  const json& vs = verify.rep["stats"];
+  // Every stack of N SETs and 3 x B requests walked by the rows and checked.
+  EXPECT_GT(vs["inject_stack_verified"].get<long>(), N + 3 * B) << vs.dump();
+  EXPECT_EQ(vs["inject_stack_mismatch"].get<long>(), 0) << vs.dump();
+  EXPECT_EQ(unw.rep["stats"]["inject_stack_verified"].get<long>(), 0);
+  EXPECT_EQ(unw.rep["stats"]["inject_stack_slow"].get<long>(), 0);  // not the rows' walk at all
+  EXPECT_EQ(cfi.rep["stats"]["inject_stack_verified"].get<long>(), 0);
+  EXPECT_EQ(cfi.rep["stats"]["inject_stack_mismatch"].get<long>(), 0);
+  printf("verify: %ld walks compared, %ld differed, %ld libunwind's; default: %ld libunwind's\n",
+         vs["inject_stack_verified"].get<long>(), vs["inject_stack_mismatch"].get<long>(),
+         vs["inject_stack_slow"].get<long>(), cfi.rep["stats"]["inject_stack_slow"].get<long>());
+  printf("SET values: %s\n", joined(cfi.site).c_str());
+  // redis's own functions, in gdb's order, up to main.
+  std::vector<std::string> want = {"zmalloc_usable", "_sdsnewlen", "createStringObject", "processMultibulkBuffer",
+                                   "processInputBuffer", "readQueryFromClient", "aeMain", "main"};
+  size_t at = 0;
+  for (const auto& f : cfi.site)
+    if (at < want.size() && f.rfind(want[at] + "@", 0) == 0) at++;
+  EXPECT_EQ(at, want.size()) << joined(cfi.site);
+  EXPECT_EQ(joined(cfi.site), joined(unw.site));
+  EXPECT_EQ(joined(verify.site), joined(unw.site));
+  kill(r, SIGTERM);
+  EXPECT_EQ(exit_within(r, 20000), 0);
+}
