@@ -4,15 +4,18 @@ one run, on W1 (python3 json), W3 (sqlite3) and MT (a multi-threaded
 allocator stress); medians and ratios (issue 21, docs/inject.md).
 
   sudo bench/inject/inject_bench.py [--repeat 5] [--build build]
-       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-sample,inject-fp,inject-got,inject-entry,inject-before]
+       [--workloads W1,W3,MT] [--modes untraced,heaptrack,bpf,inject,inject-libunwind,inject-sample,inject-fp,inject-got,inject-entry,inject-before]
        [--mt-threads 4] [--mt-rounds 1000000] [--redis-requests 100000]
   sudo bench/inject/inject_bench.py --workloads REDIS --modes untraced,bpf,inject,heaptrack
+  sudo bench/inject/inject_bench.py --workloads REDIS --modes untraced,inject-libunwind,inject --repeat 5
   sudo bench/inject/inject_bench.py --workloads W1@jemalloc,W3@tcmalloc,MT@mimalloc --modes heaptrack,inject
 
 Every run starts the target, which waits before its work (W1 and MT read a
 line from stdin, sqlite3 waits for its commands on stdin); the tool (bpf:
 `memtrace-bpf -p PID`, inject: `memtrace-bpf --inject -p PID`) attaches to
-the running process and says "tracing"; then the work starts. heaptrack
+the running process and says "tracing"; then the work starts (inject's
+stacks by the agent's walk on the loader's CFI rows, the default;
+inject-libunwind: by libunwind's, MEMTRACE_INJECT_UNWIND=libunwind). heaptrack
 launches its target (LD_PRELOAD) and starts it at once. Figures:
 
   workload  wall seconds of the work alone (W1, MT: timed inside the target;
@@ -178,7 +181,7 @@ def run_redis(mode, tool, tmp, requests):
         tool_p.communicate()
         if not ok:
             raise RuntimeError("heaptrack: redis did not answer PING")
-        return ops, ops, time.monotonic() - t0, 0
+        return ops, ops, time.monotonic() - t0, 0, float("nan")
     if tool_p:
         tool_p.send_signal(2)
         _, merr = tool_p.communicate()
@@ -193,8 +196,11 @@ def run_redis(mode, tool, tmp, requests):
             for site in (p[0].get("top_sites", []) + p[0].get("leaks", [])) if p else []:
                 if any(f.get("function", "").startswith(("zmalloc", "ztrymalloc")) for f in site.get("stack", [])):
                     zm += 1
-            print("  %s: redis allocs %s, %d sites under zmalloc" % (mode, p[0]["summary"]["allocs"] if p else "?", zm),
-                  file=sys.stderr, flush=True)
+            st, dr = d.get("stats", {}), d.get("dropped", {})
+            print("  %s: redis allocs %s, %d sites under zmalloc; stacks: %s libunwind's, %s cut, %s verified, "
+                  "%s differed" % (mode, p[0]["summary"]["allocs"] if p else "?", zm, st.get("inject_stack_slow"),
+                                   dr.get("inject_stack_cut"), st.get("inject_stack_verified"),
+                                   st.get("inject_stack_mismatch")), file=sys.stderr, flush=True)
     done = time.monotonic() - t0
     ok = redis_ping(port)
     srv.terminate()
@@ -224,8 +230,12 @@ def tool_argv(tool, mode, pid, rep):
 # them); inject-entry: entry trampolines only (no GOT slot rewritten).
 # inject-before: the tool's fixed cost as before issue 33 (its links closed
 # by itself before it exits, its programs verified one after the other).
+# inject-libunwind: stacks by libunwind's unw_backtrace, as --inject walked
+# them before its own walk on the loader's CFI rows (`inject`, the default;
+# docs/inject.md, MEMTRACE_INJECT_UNWIND).
 TOOL_ENV = {"inject-got": {"MEMTRACE_INJECT_ENTRIES": "0"}, "inject-entry": {"MEMTRACE_INJECT_GOT": "0"},
-            "inject-before": {"MEMTRACE_SYNC_TEARDOWN": "1", "MEMTRACE_SERIAL_LOAD": "1"}}
+            "inject-before": {"MEMTRACE_SYNC_TEARDOWN": "1", "MEMTRACE_SERIAL_LOAD": "1"},
+            "inject-libunwind": {"MEMTRACE_INJECT_UNWIND": "libunwind"}}
 
 
 # (workload, mode) -> attaches refused (the deadlock-window check,
@@ -352,16 +362,16 @@ def main():
                     v = run_redis(m, tool, tmp, a.redis_requests) if w == "REDIS" else run_once(W[w], m, tool, tmp)
                     res[(w, m)].append(v)
                     if w == "REDIS":
-                        print("round %d %-5s %-10s %10.0f requests/s  done %7.3f s  waits %d" %
+                        print("round %d %-5s %-16s %10.0f requests/s  done %7.3f s  waits %d" %
                               (r, w, m, v[0], v[2], v[3]), file=sys.stderr, flush=True)
                     else:
-                        print("round %d %-3s %-10s workload %7.3f s  cpu %7.3f s  done %7.3f s  waits %d  e2e %7.3f s" %
+                        print("round %d %-3s %-16s workload %7.3f s  cpu %7.3f s  done %7.3f s  waits %d  e2e %7.3f s" %
                               ((r, w, m) + v), file=sys.stderr, flush=True)
         print("medians of %d rounds, interleaved; x: against untraced; /ht: against heaptrack (workload wall, cpu;"
               " e2e: against heaptrack + heaptrack_print)" % a.repeat)
         for w in wls:
             print("\n%s: %s" % (w, W[w]["what"]))
-            print("%-10s %9s %9s %9s %7s %8s %8s %8s %7s %7s %7s" %
+            print("%-16s %9s %9s %9s %7s %8s %8s %8s %7s %7s %7s" %
                   ("mode", "workload", "cpu", "done", "waits", "e2e", "x wall", "x cpu", "/ht wall", "/ht cpu",
                    "/ht e2e"))
             med = {m: [statistics.median(v[i] for v in res[(w, m)]) for i in range(5)] for m in modes}
@@ -369,14 +379,14 @@ def main():
             ht = med.get("heaptrack")
             for m in modes:
                 wl, c, d, wt, e = med[m]
-                print("%-10s %9.3f %9.3f %9.3f %7d %8.3f %8s %8s %7s %7s %7s" % (
+                print("%-16s %9.3f %9.3f %9.3f %7d %8.3f %8s %8s %7s %7s %7s" % (
                     m, wl, c, d, wt, e,
                     "%.2f" % (wl / base[0]) if base else "-", "%.2f" % (c / base[1]) if base else "-",
                     "%.2f" % (wl / ht[0]) if ht else "-", "%.2f" % (c / ht[1]) if ht else "-",
                     "%.2f" % (e / ht[4]) if ht else "-"))
             for m in modes:
                 if m.startswith("inject"):
-                    print("%-10s not injected (BPF path instead) in %d of %d attaches" %
+                    print("%-16s not injected (BPF path instead) in %d of %d attaches" %
                           (m, REFUSED.get((w, m), 0), a.repeat))
 
 
