@@ -559,6 +559,8 @@ const char* drop_meaning(const std::string& k) {
        "processes a killed --inject session left patched and that could not be put back: their counts are "
        "incomplete"},
       {"inject_ring_full", "--inject records lost, the agent's ring full: counts may be low"},
+      {"inject_stack_cut", "--inject stacks the agent's CFI walk could not finish nor libunwind: those "
+                           "allocations are counted, their stacks end early"},
       {"inject_malformed", "--inject records that could not be read: counts may be low"},
       {"inject_fork_child_calls", "allocator calls in a fork's child before the agent saw the fork: not counted"},
       {"unwind_table_over_cap", "files past --unwind-mb, unwound by frame pointers: their stacks may be cut"},
