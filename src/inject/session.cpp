@@ -612,6 +612,12 @@ Result<uint32_t> restore_left_patched(pid_t pid, const std::vector<procfs::Mappi
   return *n;
 }
 
+void Session::ended() {
+  if (!ring_) return;
+  ring_->set_state(MT_INJ_DETACHED);
+  stop_copier();
+}
+
 Session::~Session() { detach(); }
 
 }  // namespace memtrace::inject

@@ -158,6 +158,10 @@ class Session {
   // The hooks stop writing; records already reserved are committed within
   // a few microseconds: drain after this (with flush).
   void detach();
+  // Its process is gone: its ring is done (nothing is written into it
+  // again), its copier stopped, nothing asked of the pid (it may be
+  // another process's by now).
+  void ended();
 
  private:
   Session() = default;

@@ -414,7 +414,10 @@ void Tracer::on_map_event(const mt_map_event& e) {
 void Tracer::process_gone(pid_t pid, int exit_code) {
   // --inject: its records in the agent's ring are all written (it exited):
   // in before its exit, which may retire it right below.
-  if (!injected_.empty()) drain_injected(true);
+  if (!injected_.empty()) {
+    drain_injected(true);
+    retire_injected(pid);
+  }
   // The launched program stays current: its waitpid status is the report's.
   if (launcher_ && pid == launcher_->pid()) {
     model_.on_exit(pid, exit_code);

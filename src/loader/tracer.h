@@ -318,6 +318,15 @@ class Tracer {
   size_t drain_injected(bool flush = false);  // flush: every record written so far
   void detach_injected();
   std::vector<std::unique_ptr<inject::Session>> injected_;
+  // The counters of the sessions whose process ended (retire_injected):
+  // their threads and rings go with their process, their counts stay.
+  struct InjectTotals {
+    uint64_t sessions = 0, drops = 0, py_cut = 0, malformed = 0, fork_child = 0, full_waits = 0, backlog_peak = 0;
+    uint64_t stack_slow = 0, stack_cut = 0, stack_verified = 0, stack_mismatch = 0;
+    void add(inject::Session& s);
+  };
+  InjectTotals inject_retired_;
+  void retire_injected(pid_t pid);  // its session's counters kept, the session ended
   // --inject of a process at its exec: its uprobes record it up to its entry
   // point, where the agent takes over (inject_at_exec). From then on the
   // uprobes' allocator records of the image are dropped (they are closed in

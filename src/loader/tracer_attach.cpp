@@ -400,6 +400,8 @@ Result<void> Tracer::inject_process(pid_t pid, inject::StoppedProcess* held) {
   // Its records copied out of the ring as they come, up to 4x the ring
   // held here while the model catches up (the target waits only past it).
   (*s)->start_copier(o_.inject_ring_mb << 22);
+  drain_injected(true);
+  retire_injected(pid);  // an earlier image's session (it exec'd): its agent is gone with that image
   injected_.push_back(std::move(*s));
   return {};
 }
@@ -563,6 +565,38 @@ size_t Tracer::drain_injected(bool flush) {
 void Tracer::detach_injected() {
   for (auto& s : injected_) s->detach();
   drain_injected(true);
+}
+
+void Tracer::InjectTotals::add(inject::Session& s) {
+  const volatile mt_inj_hdr& h = s.ring().hdr();
+  sessions++;
+  drops += h.drops;
+  py_cut += h.py_cut;
+  malformed += s.ring().malformed();
+  fork_child += h.fork_child_calls;
+  full_waits += h.full_waits;
+  backlog_peak = std::max<uint64_t>(backlog_peak, s.backlog_peak());
+  stack_slow += h.stack_slow;
+  stack_cut += h.stack_cut;
+  stack_verified += h.stack_verified;
+  stack_mismatch += h.stack_mismatch;
+}
+
+// A process the agent recorded ended (or exec'd into a new session): its
+// records are drained (the caller's), its counters kept, its copier thread
+// and its ring's mapping released. A daemon over many short processes kept
+// one of each per process ended (bench/soak: 300 threads and 21 GB of
+// rings in 3.5 minutes at 10 processes a second).
+void Tracer::retire_injected(pid_t pid) {
+  for (auto it = injected_.begin(); it != injected_.end();) {
+    if ((*it)->pid() != pid) {
+      ++it;
+      continue;
+    }
+    inject_retired_.add(**it);
+    (*it)->ended();
+    it = injected_.erase(it);
+  }
 }
 
 }  // namespace memtrace::loader

@@ -94,41 +94,27 @@ report::Drops Tracer::drops() {
     d.stats["inject_leftovers_restored"] = inject_leftovers_restored_;
     d.dropped["inject_leftovers_unrestored"] = inject_leftovers_unrestored_;
   }
-  if (!injected_.empty()) {  // --inject: records the agent could not write (its ring full)
-    uint64_t drops = 0, malformed = 0, fork_child = 0;
-    for (const auto& s : injected_) {
-      drops += const_cast<inject::Session&>(*s).ring().hdr().drops;
-      d.dropped["python_frames_cut"] += const_cast<inject::Session&>(*s).ring().hdr().py_cut;  // the BPF walk's counter too
-      malformed += const_cast<inject::Session&>(*s).ring().malformed();
-      fork_child += const_cast<inject::Session&>(*s).ring().hdr().fork_child_calls;
-    }
-    uint64_t waits = 0;
-    for (const auto& s : injected_) waits += const_cast<inject::Session&>(*s).ring().hdr().full_waits;
-    d.dropped["inject_ring_full"] = drops;
-    d.dropped["inject_malformed"] = malformed;
+  if (!injected_.empty() || inject_retired_.sessions) {  // --inject: records the agent could not write (its ring full)
+    // The sessions of processes that ended, then those still going.
+    InjectTotals t = inject_retired_;
+    for (const auto& s : injected_) t.add(const_cast<inject::Session&>(*s));
+    d.dropped["python_frames_cut"] += t.py_cut;  // the BPF walk's counter too
+    d.dropped["inject_ring_full"] = t.drops;
+    d.dropped["inject_malformed"] = t.malformed;
     // a fork's child calling the allocator before the agent's atfork child
     // handler (another library's handler): neither ring sees those calls
-    d.dropped["inject_fork_child_calls"] = fork_child;
-    d.stats["inject_full_waits"] = waits;  // 50 us naps of the target's threads: the drain was behind
-    uint64_t peak = 0;
-    for (const auto& s : injected_) peak = std::max<uint64_t>(peak, s->backlog_peak());
-    d.stats["inject_backlog_peak_kb"] = peak >> 10;  // records copied out of the ring, not yet in the model
+    d.dropped["inject_fork_child_calls"] = t.fork_child;
+    d.stats["inject_full_waits"] = t.full_waits;  // 50 us naps of the target's threads: the drain was behind
+    d.stats["inject_backlog_peak_kb"] = t.backlog_peak >> 10;  // records copied out of the ring, not yet in the model
     // The agent's CFI walk (ring.h MT_INJ_STACK_CFI): walks the rows could
     // not finish, redone by libunwind; stacks left short (no libunwind: the
     // rows' frames, flagged truncated); MEMTRACE_INJECT_UNWIND=verify: walks
     // compared with libunwind's, and those that differed.
-    uint64_t slow = 0, cut = 0, verified = 0, mismatch = 0;
-    for (const auto& s : injected_) {
-      const volatile mt_inj_hdr& h = const_cast<inject::Session&>(*s).ring().hdr();
-      slow += h.stack_slow;
-      cut += h.stack_cut;
-      verified += h.stack_verified;
-      mismatch += h.stack_mismatch;
-    }
-    d.stats["inject_stack_slow"] = slow;
-    d.dropped["inject_stack_cut"] = cut;
-    d.stats["inject_stack_verified"] = verified;
-    d.stats["inject_stack_mismatch"] = mismatch;
+    d.stats["inject_stack_slow"] = t.stack_slow;
+    d.dropped["inject_stack_cut"] = t.stack_cut;
+    d.stats["inject_stack_verified"] = t.stack_verified;
+    d.stats["inject_stack_mismatch"] = t.stack_mismatch;
+    d.stats["inject_sessions_ended"] = inject_retired_.sessions;  // their threads and rings released
   }
   d.stats["events"] = model_.event_count();
   {  // what the heap model holds (the tool's memory on a long system-wide run)
