@@ -68,6 +68,15 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def meminfo():
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = int(v.split()[0])
+    return out
+
+
 def dir_usage(d):
     n = size = 0
     for e in os.scandir(d) if os.path.isdir(d) else []:
@@ -87,7 +96,7 @@ def scrape(url):
     for line in text.splitlines():
         if line.startswith("#"):
             continue
-        m = re.match(r"^(memtrace_(?:tool_resident_bytes|dropped_total|stat|processes_exported|processes_over_cap|events_total)"
+        m = re.match(r"^(memtrace_(?:tool_resident_bytes|dropped_total|stat|processes_exported|processes_over_cap|events_total|snapshot_age_seconds)"
                      r"(?:\{[^}]*\})?)\s+(\S+)", line)
         if m:
             keep[m.group(1)] = float(m.group(2))
@@ -240,6 +249,9 @@ def main():
     ap.add_argument("--max-running", type=int, default=64, help="storm processes running at once, at most")
     ap.add_argument("--cpu-cap", type=float, default=1.0,
                     help="the daemon's CPU, cores at most (a cgroup v1 cpu quota; 0: none): other work runs here")
+    ap.add_argument("--min-available-mib", type=int, default=4096,
+                    help="end the soak early when the machine's MemAvailable falls below this")
+    ap.add_argument("--max-threads", type=int, default=400, help="end the soak early past this many daemon threads")
     ap.add_argument("--burst", type=int, default=20000, help="redis-benchmark -n of one burst")
     ap.add_argument("--pause", type=float, default=2.0, help="seconds between two bursts")
     a = ap.parse_args()
@@ -304,6 +316,7 @@ def main():
     end = t0 + a.minutes * 60
     next_sample = time.monotonic()
     crashed = None
+    early = None
     while True:
         now = time.monotonic()
         if daemon.poll() is not None:
@@ -323,12 +336,19 @@ def main():
             except OSError:
                 continue
             n, size = dir_usage(pprof_dir)
+            mi = meminfo()
             m = scrape(metrics_url)
             with storm.lock:
                 running, oldest = len(storm.running), storm.oldest_s
             row = {
                 "t_s": round(now - t0, 1),
                 "rss_kb": int(s["VmRSS"].split()[0]),
+                "rss_anon_kb": int(s["RssAnon"].split()[0]),
+                "rss_shmem_kb": int(s["RssShmem"].split()[0]),
+                "vm_size_kb": int(s["VmSize"].split()[0]),
+                "sys_shmem_kb": mi["Shmem"],
+                "sys_available_kb": mi["MemAvailable"],
+                "snapshot_age_s": m.get("memtrace_snapshot_age_seconds"),
                 "threads": int(s["Threads"]),
                 "fds": fds,
                 "cpu_s": round(cpu, 1),
@@ -349,10 +369,19 @@ def main():
             samples.append(row)
             print(f"t={row['t_s']:7.1f}s rss={row['rss_kb'] / 1024:7.1f}MiB thr={row['threads']} fds={row['fds']} "
                   f"cpu={row['cpu_s']}s pprof={n}/{size / 1e6:.1f}MB storm={storm.started} run={running} "
-                  f"stopped={len(st)} stuck={len(stuck)} dropped={sum(row['dropped'].values()):.0f}", flush=True)
+                  f"stopped={len(st)} stuck={len(stuck)} dropped={sum(row['dropped'].values()):.0f} "
+                  f"shmem={mi['Shmem'] / 2**20:.1f}GiB avail={mi['MemAvailable'] / 2**20:.1f}GiB "
+                  f"age={row['snapshot_age_s']}", flush=True)
             next_sample += a.every
             if now >= end:
                 break
+        if meminfo()["MemAvailable"] < a.min_available_mib * 1024:
+            early = f"MemAvailable under {a.min_available_mib} MiB at {now - t0:.0f} s"
+        elif os.path.exists(f"/proc/{daemon.pid}/status") and int(proc_status(daemon.pid)["Threads"]) > a.max_threads:
+            early = f"the daemon past {a.max_threads} threads at {now - t0:.0f} s"
+        if early:
+            print("soak.py: ending early:", early, flush=True)
+            break
         time.sleep(max(0.0, min(5.0, end - time.monotonic())))
 
     load.stop.set()
@@ -368,6 +397,7 @@ def main():
             exit_s = round(time.monotonic() - t_int, 1)
         except subprocess.TimeoutExpired:
             daemon.kill()
+            daemon.wait()
             rc = "no exit in 120 s after SIGINT (killed)"
     derr.close()
     dout.close()
@@ -390,7 +420,7 @@ def main():
     # The verdict.
     base = next((r for r in samples if r["t_s"] >= 300), samples[0] if samples else None)
     last = samples[-1] if samples else None
-    v = {"daemon_exit": rc, "exit_after_sigint_s": exit_s, "report_written": bool(report),
+    v = {"ended_early": early, "daemon_exit": rc, "exit_after_sigint_s": exit_s, "report_written": bool(report),
          "redis_after": redis_pong, "redis_state_before_stop": redis_state, "stopped_stuck": stuck,
          "stopped_max_in_one_scan": stopped_seen, "storm_left_running": left_running,
          "storm_oldest_max_s": round(storm.oldest_max_s, 1), "storm_skipped_ticks": storm.skipped,
@@ -423,17 +453,20 @@ def main():
 
     print()
     print(f"{'t_s':>7} {'rss_MiB':>8} {'metr_MiB':>8} {'thr':>4} {'fds':>4} {'cpu_s':>6} {'pprof':>6} {'pprof_MB':>8} "
-          f"{'storm':>6} {'run':>4} {'stop':>4} {'stuck':>5} {'dropped':>7}")
+          f"{'storm':>6} {'run':>4} {'stop':>4} {'stuck':>5} {'dropped':>7} {'shm_GiB':>7} {'age_s':>6}")
     for r in samples:
         mr = r["metrics_rss"] / 2**20 if r["metrics_rss"] else float("nan")
         print(f"{r['t_s']:7.0f} {r['rss_kb'] / 1024:8.1f} {mr:8.1f} {r['threads']:4} {r['fds']:4} {r['cpu_s']:6.1f} "
               f"{r['pprof_files']:6} {r['pprof_bytes'] / 1e6:8.1f} {r['storm_started']:6} {r['storm_running']:4} "
-              f"{r['stopped_now']:4} {r['stuck_so_far']:5} {sum(r['dropped'].values()):7.0f}")
+              f"{r['stopped_now']:4} {r['stuck_so_far']:5} {sum(r['dropped'].values()):7.0f} "
+              f"{r['sys_shmem_kb'] / 2**20:7.2f} {r['snapshot_age_s'] if r['snapshot_age_s'] is not None else float('nan'):6.0f}")
     print()
     print(json.dumps(v, indent=1))
-    ok = (rc == 0 and bool(report) and not stuck and redis_pong == "PONG" and left_running == 0
+    ok = (not early and rc == 0 and bool(report) and not stuck and redis_pong == "PONG" and left_running == 0
           and cls["storm"]["no_line"] == 0 and base is not None
-          and v["rss_growth_mib"] <= max(2.0, 0.05 * v["rss_base_mib"]))
+          and v["rss_growth_mib"] <= max(2.0, 0.05 * v["rss_base_mib"])
+          and v["threads_after_5min"][1] - v["threads_after_5min"][0] <= 4
+          and v["fds_after_5min"][1] - v["fds_after_5min"][0] <= 8)
     print("\nVERDICT:", "PASS" if ok else "FAIL (see the figures above)")
     return 0 if ok else 1
 
