@@ -362,8 +362,8 @@ def system_wide_counts(sec):
         _, ljs = sec.get("static.Launch.20", (None, ""))
         launched = [p for p in json.loads(ljs.partition("@@STDOUT\n")[0])["processes"]
                     if p["comm"] == "alloc_rounds_st"]
-    except (ValueError, KeyError):
-        return False, f"tool failed (rc {rc}): " + body[-2000:]
+    except (ValueError, KeyError) as e:  # which of the two reports, and where (the guest's console is the channel)
+        return False, f"tool failed (rc {rc}): {type(e).__name__}: {str(e)[:300]}; " + body[-2000:]
     m = re.search(r"^pids (\d+) (\d+)$", out, re.M)
     per = re.search(r"per_round allocs=(\d+) frees=(\d+) bytes=(\d+)", out)
     if rc != 0 or not m or not per or not launched:

@@ -88,7 +88,8 @@ TEST_F(LiveView, TopShowsProcessesAndStacksAndQuitsWithTheReport) {
   ASSERT_NE(pa, std::string::npos) << s;
   ASSERT_NE(pb, std::string::npos) << s;
   EXPECT_LT(pa, pb) << s;
-  EXPECT_NE(s.find("  >    " + std::to_string(a.pid)), std::string::npos) << s;
+  std::string apid = std::to_string(a.pid);  // right-aligned in 7 columns after the cursor's "  >  "
+  EXPECT_NE(s.find("  >  " + std::string(apid.size() < 7 ? 7 - apid.size() : 0, ' ') + apid), std::string::npos) << s;
   // Down to b, its stacks: its kept bytes exactly, from leak_here.
   t.keys("j");
   t.keys("Enter");
