@@ -63,6 +63,22 @@ SampleRun run_sampled(const std::vector<std::string>& extra, bool inject = true)
   return out;
 }
 
+// A run at --sample-bytes 131072: the estimates of the total (5%) and of
+// each site (10%); *out: the target's process in the report.
+void expect_estimates(SampleRun& s, const json** out) {
+  ASSERT_EQ(s.r.code, 0) << s.r.err << s.r.out;
+  ASSERT_EQ(s.want.size(), 5u) << s.r.out;
+  const json* p = find_comm(s.rep, "sample_target");
+  ASSERT_TRUE(p) << s.rep.dump().substr(0, 2000);
+  EXPECT_EQ(s.rep["sample_bytes"], 131072);
+  EXPECT_EQ(s.rep["estimates"], true);
+  double total = double(u(*p, "bytes_allocated"));
+  EXPECT_NEAR(total, s.want["total"], 0.05 * s.want["total"]) << "total estimate";
+  for (const char* site : {"site_small", "site_mid", "site_big"})
+    EXPECT_NEAR(s.site_bytes[site], s.want[site], 0.10 * s.want[site]) << site;
+  *out = p;
+}
+
 }  // namespace
 
 TEST(InjectSample, FullRunExact) {
@@ -83,16 +99,8 @@ TEST(InjectSample, FullRunExact) {
 TEST(InjectSample, SampledEstimatesWithinBounds) {
   MEMTRACE_REQUIRE_ROOT();
   SampleRun s = run_sampled({"--sample-bytes", "131072"});
-  ASSERT_EQ(s.r.code, 0) << s.r.err << s.r.out;
-  ASSERT_EQ(s.want.size(), 5u) << s.r.out;
-  const json* p = find_comm(s.rep, "sample_target");
-  ASSERT_TRUE(p) << s.rep.dump().substr(0, 2000);
-  EXPECT_EQ(s.rep["sample_bytes"], 131072);
-  EXPECT_EQ(s.rep["estimates"], true);
-  double total = double(u(*p, "bytes_allocated"));
-  EXPECT_NEAR(total, s.want["total"], 0.05 * s.want["total"]) << "total estimate";
-  for (const char* site : {"site_small", "site_mid", "site_big"})
-    EXPECT_NEAR(s.site_bytes[site], s.want[site], 0.10 * s.want[site]) << site;
+  const json* p = nullptr;
+  ASSERT_NO_FATAL_FAILURE(expect_estimates(s, &p));
   // Recorded: a sample per 128 KiB, not 4 million calls.
   EXPECT_LT(u(*p, "allocs"), 20000000);
 }
@@ -104,16 +112,8 @@ TEST(InjectSample, SampledEstimatesWithinBounds) {
 TEST(BpfSample, SampledEstimatesWithinBounds) {
   MEMTRACE_REQUIRE_ROOT();
   SampleRun s = run_sampled({"--sample-bytes", "131072"}, false);
-  ASSERT_EQ(s.r.code, 0) << s.r.err << s.r.out;
-  ASSERT_EQ(s.want.size(), 5u) << s.r.out;
-  const json* p = find_comm(s.rep, "sample_target");
-  ASSERT_TRUE(p) << s.rep.dump().substr(0, 2000);
-  EXPECT_EQ(s.rep["sample_bytes"], 131072);
-  EXPECT_EQ(s.rep["estimates"], true);
-  double total = double(u(*p, "bytes_allocated"));
-  EXPECT_NEAR(total, s.want["total"], 0.05 * s.want["total"]) << "total estimate";
-  for (const char* site : {"site_small", "site_mid", "site_big"})
-    EXPECT_NEAR(s.site_bytes[site], s.want[site], 0.10 * s.want[site]) << site;
+  const json* p = nullptr;
+  ASSERT_NO_FATAL_FAILURE(expect_estimates(s, &p));
   EXPECT_NEAR(double(u(*p, "in_use_bytes")), s.want["live"], 0.40 * s.want["live"]) << "live estimate";
   EXPECT_LT(s.rep["stats"].value("events", 0l), 100000) << s.rep["stats"].dump();
   EXPECT_EQ(s.rep["dropped"].value("ringbuf", 1), 0);
