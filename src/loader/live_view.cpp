@@ -1,5 +1,6 @@
 #include "loader/live_view.h"
 
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -101,12 +102,14 @@ bool LiveView::tick() {
   bool redraw = false;
   char b[64];
   for (;;) {
+    // Only what is there: stdin may be a pipe, where a read would wait.
+    pollfd pf{c_.keys_fd, POLLIN, 0};
+    if (poll(&pf, 1, 0) <= 0 || !(pf.revents & POLLIN)) break;
     ssize_t n = read(c_.keys_fd, b, sizeof b);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // nothing typed (raw mode: 0), or no terminal
+    if (n <= 0) break;  // end of input
     for (ssize_t i = 0; i < n; i++) key(b[i]);
     redraw = true;
-    if (!raw_) break;  // not a terminal: a blocking read must not stall the run
   }
   if (!esc_.empty() && !redraw) {  // a lone Esc: back
     esc_.clear();
