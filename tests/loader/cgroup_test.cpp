@@ -12,6 +12,7 @@
 
 #include "../metrics/scrape.h"
 #include "harness.h"
+#include "slurp.h"
 #include "procfs/cgroup.h"
 #include "test_env.h"
 
@@ -176,12 +177,6 @@ TEST_F(CgroupTracing, EveryOutputLabelsItsProcessesWithCgroupAndContainer) {
   usleep(300 * 1000);
   kill(m.pid, SIGINT);
   EXPECT_EQ(wait_exit(m.pid), 0) << merr;
-  auto slurp = [](const std::string& f) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
   std::string pid = std::to_string(t.pid);
   // Prometheus: its series carry both labels.
   std::string want_labels = "pid=\"" + pid + "\",comm=\"alloc_rounds\",cgroup=\"" + leaf_rel +
@@ -286,12 +281,10 @@ TEST_F(Container, ToolInAPrivilegedContainerTracesHostProcessesExactly) {
   kill(m.pid, SIGINT);
   merr += read_all(m.err);
   ASSERT_EQ(wait_exit(m.pid), 0) << merr;
-  std::ifstream f(root + "/tmp/r.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  std::string rep = slurp(root + "/tmp/r.json");
+  json j = json::parse(rep, nullptr, false);
   const json* p = find_proc(j, t.pid);
-  ASSERT_TRUE(p) << ss.str().substr(0, 2000) << merr;
+  ASSERT_TRUE(p) << rep.substr(0, 2000) << merr;
   EXPECT_EQ((*p)["summary"]["allocs"], R * per.allocs);
   EXPECT_EQ((*p)["summary"]["in_use_blocks"], R * per.leaked_blocks);
   bool named = false;
@@ -302,7 +295,7 @@ TEST_F(Container, ToolInAPrivilegedContainerTracesHostProcessesExactly) {
   EXPECT_TRUE(named) << p->dump().substr(0, 3000);
   const json* q0 = find_proc(j, l0.pid);
   const json* q3 = find_proc(j, l3.pid);
-  ASSERT_TRUE(q0 && q3) << ss.str().substr(0, 2000);
+  ASSERT_TRUE(q0 && q3) << rep.substr(0, 2000);
   EXPECT_EQ((*q3)["summary"]["allocs"].get<long>() - (*q0)["summary"]["allocs"].get<long>(), 3 * lper.allocs);
   EXPECT_EQ((*q3)["summary"]["bytes_allocated"].get<long>() - (*q0)["summary"]["bytes_allocated"].get<long>(),
             3 * lper.bytes);
