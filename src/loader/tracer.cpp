@@ -786,10 +786,14 @@ int Tracer::run() {
       std::chrono::duration<double>(o_.pprof_dir.every));
   auto next_profiles = start + pprof_every;
   int exit_code = 0;
+  queue_injections_ = o_.inject;
   while (!g_stop) {
-    bool behind = false;  // --inject: copied records wait for the model: no sleep
+    bool behind = !inject_queue_.empty();  // --inject: copied records wait for the model, or execs their injection: no sleep
     for (const auto& s : injected_) behind = behind || s->backlog();
-    int n = poll(injected_.empty() ? 50 : behind ? 0 : 2);  // --inject: the agent's ring has no wakeup; a writer waits when it is full
+    int n = poll(injected_.empty() && !behind ? 50 : behind ? 0 : 2);  // --inject: the agent's ring has no wakeup; a writer waits when it is full
+    // --inject: the execs that poll's records queued, ~50 ms of them (each
+    // holds its process ~70 ms under ptrace), the rest next turn.
+    serve_injections(std::chrono::milliseconds(50));
     // --faults: drain at least every 50 ms, so that faults on mappings made
     // before tracing are attributed from /proc/PID/maps while they exist.
     if (o_.faults && (release_held() || held_.empty())) ring_buffer__consume(rb_events_);
@@ -848,6 +852,16 @@ int Tracer::run() {
       while (next_profiles <= after);
     }
   }
+  // Execs still waiting for their injection when the loop ended (Ctrl-C,
+  // --duration): let go untraced (the probes go next), counted; from here
+  // on an exec is handled inline.
+  queue_injections_ = false;
+  for (const auto& job : inject_queue_) {
+    if (!stopped_.count(job.pid)) continue;
+    resume(job.pid);
+    inject_queue_left_++;
+  }
+  inject_queue_.clear();
   if (feat_) feat_->end_view();  // the terminal back before the teardown's messages and the report
   if (g_stop && launcher_) {
     int st;

@@ -314,6 +314,22 @@ class Tracer {
   Result<void> inject_allocator(pid_t pid, const std::vector<MapEntry>& maps, inject::SessionOptions* so);
   Result<void> inject_or_attach(pid_t pid, bool given);
   Result<void> inject_at_exec(pid_t pid, Snapshot& snap);
+  // --inject: execs stopped by BPF, waiting for their injection (the
+  // lifecycle callback queues them while the run loop runs; serve_injections
+  // takes them a few a turn, so that an exec storm, ~70 ms of ptrace work
+  // each, does not keep the loop from /metrics, --pprof-dir, the live view
+  // and Ctrl-C: each waits stopped meanwhile, as it did inside the callback).
+  struct PendingInject {
+    pid_t pid;
+    uint64_t queued_ns;
+    Snapshot snap;  // its mappings at its exec (the process has not run since)
+  };
+  std::deque<PendingInject> inject_queue_;
+  bool queue_injections_ = false;  // the run loop is serving inject_queue_
+  uint64_t inject_queued_ = 0, inject_queue_gone_ = 0, inject_wait_max_us_ = 0, inject_queue_peak_ = 0;
+  uint64_t inject_queue_left_ = 0;  // still waiting when the run ended: let go untraced
+  void serve_injections(std::chrono::milliseconds budget);
+  void note_launched_traced(pid_t pid);  // launch mode: the program runs traced from here
   void wait_stop_landed(pid_t pid);
   size_t drain_injected(bool flush = false);  // flush: every record written so far
   void detach_injected();

@@ -162,6 +162,14 @@ int Tracer::on_proc_event(void* data, size_t len) {
       procs_[pid].injected = false;  // its agent went with its old image
       handed_over_.erase(pid);       // the old image's records are in (drained above)
       swallowed_.erase(pid);
+      if (o_.inject && stopped && queue_injections_) {  // injected between drains (serve_injections), stopped till then
+        snap.maps();                                   // read now, while nothing of it has run
+        inject_queue_.push_back({pid, monotonic_ns(), snap});
+        inject_queued_++;
+        inject_queue_peak_ = std::max<uint64_t>(inject_queue_peak_, inject_queue_.size());
+        stopped = false;
+        break;
+      }
       if (auto r = o_.inject ? inject_at_exec(pid, snap) : attach_process(pid, false, &snap); !r) {
         errors_.push_back(r.error().message);
         attach_failures_++;
@@ -234,12 +242,41 @@ int Tracer::on_proc_event(void* data, size_t len) {
   }
   if (feat_) feat_->on_proc_event(data, len, [&snap] { return snap.maps(); });  // before the resume: maps of a stopped process
   if (stopped) resume(pid);
-  // The launched program runs traced from here (benchmarks time this part).
+  note_launched_traced(pid);
+  return 0;
+}
+
+// The launched program runs traced from here (benchmarks time this part).
+void Tracer::note_launched_traced(pid_t pid) {
   if (launcher_ && pid == launcher_->pid() && procs_[pid].attached && !traced_since_) {
     traced_since_ = std::chrono::steady_clock::now();
     phase("run: the launched program's allocator probes attached, resumed");
   }
-  return 0;
+}
+
+// --inject: the execs the lifecycle callback queued, oldest first, for at
+// most `budget` a turn of the run loop (one at least). A process that ended
+// while it waited (killed: its exit record forgot its stop) is skipped.
+void Tracer::serve_injections(std::chrono::milliseconds budget) {
+  auto deadline = std::chrono::steady_clock::now() + budget;
+  while (!inject_queue_.empty()) {
+    PendingInject job = std::move(inject_queue_.front());
+    inject_queue_.pop_front();
+    pid_t pid = job.pid;
+    if (!stopped_.count(pid)) {
+      inject_queue_gone_++;
+      log("pid " + std::to_string(pid) + " ended while it waited for its injection");
+      continue;
+    }
+    inject_wait_max_us_ = std::max(inject_wait_max_us_, (monotonic_ns() - job.queued_ns) / 1000);
+    if (auto r = inject_at_exec(pid, job.snap); !r) {
+      errors_.push_back(r.error().message);
+      attach_failures_++;
+    }
+    resume(pid);
+    note_launched_traced(pid);
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
 }
 
 }  // namespace memtrace::loader

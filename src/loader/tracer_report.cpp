@@ -116,6 +116,14 @@ report::Drops Tracer::drops() {
     d.stats["inject_stack_mismatch"] = t.stack_mismatch;
     d.stats["inject_sessions_ended"] = inject_retired_.sessions;  // their threads and rings released
   }
+  if (inject_queued_) {  // --inject: execs injected between drains (serve_injections)
+    d.stats["inject_execs_queued"] = inject_queued_;
+    d.stats["inject_queue_waiting"] = inject_queue_.size();    // now (a scrape's, a live view's)
+    d.stats["inject_queue_peak"] = inject_queue_peak_;         // waiting at once, at most
+    d.stats["inject_queue_wait_max_us"] = inject_wait_max_us_;  // the longest wait, stopped, for its turn
+    d.stats["inject_queue_ended_waiting"] = inject_queue_gone_;  // ended (killed) before their turn
+    d.dropped["inject_queue_left_at_end"] = inject_queue_left_;   // started as the run ended: let go untraced
+  }
   d.stats["events"] = model_.event_count();
   {  // what the heap model holds (the tool's memory on a long system-wide run)
     uint64_t images = 0, live = 0, stack_entries = 0, maps = 0;

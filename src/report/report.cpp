@@ -562,6 +562,8 @@ const char* drop_meaning(const std::string& k) {
       {"inject_stack_cut", "--inject stacks the agent's CFI walk could not finish nor libunwind: those "
                            "allocations are counted, their stacks end early"},
       {"inject_malformed", "--inject records that could not be read: counts may be low"},
+      {"inject_queue_left_at_end", "processes that exec'd as the run ended, before their --inject turn: let go "
+                                   "untraced"},
       {"inject_fork_child_calls", "allocator calls in a fork's child before the agent saw the fork: not counted"},
       {"unwind_table_over_cap", "files past --unwind-mb, unwound by frame pointers: their stacks may be cut"},
       {"unwind_table_failed", "files whose unwind tables could not be built: their stacks may be cut"},

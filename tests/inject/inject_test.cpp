@@ -395,13 +395,6 @@ void expect_leak_through_main(const json& p, const Expect& e) {
 }
 
 // Counts of a run of R rounds minus a run of R0, against the target's lines.
-void expect_rounds_exact(const json& p, const json& p0, const Expect& e, const Expect& e0) {
-  EXPECT_EQ(u(p, "allocs") - u(p0, "allocs"), e.allocs - e0.allocs);
-  EXPECT_EQ(u(p, "frees") - u(p0, "frees"), e.frees - e0.frees);
-  EXPECT_EQ(u(p, "bytes_allocated") - u(p0, "bytes_allocated"), e.bytes - e0.bytes);
-  EXPECT_EQ(u(p, "in_use_blocks") - u(p0, "in_use_blocks"), e.leaked_blocks - e0.leaked_blocks);
-  EXPECT_EQ(u(p, "in_use_bytes") - u(p0, "in_use_bytes"), e.leaked_bytes - e0.leaked_bytes);
-}
 
 
 }  // namespace

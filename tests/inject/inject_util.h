@@ -70,6 +70,16 @@ inline void expect_report_exact(const nlohmann::json& p, const Expect& e) {
   EXPECT_EQ(u(p, "in_use_bytes"), e.leaked_bytes);
 }
 
+// Two runs of the target started at their exec (ld.so's and libc's own
+// start-up allocations in both): their difference is exactly the rounds'.
+inline void expect_rounds_exact(const nlohmann::json& p, const nlohmann::json& p0, const Expect& e, const Expect& e0) {
+  EXPECT_EQ(u(p, "allocs") - u(p0, "allocs"), e.allocs - e0.allocs);
+  EXPECT_EQ(u(p, "frees") - u(p0, "frees"), e.frees - e0.frees);
+  EXPECT_EQ(u(p, "bytes_allocated") - u(p0, "bytes_allocated"), e.bytes - e0.bytes);
+  EXPECT_EQ(u(p, "in_use_blocks") - u(p0, "in_use_blocks"), e.leaked_blocks - e0.leaked_blocks);
+  EXPECT_EQ(u(p, "in_use_bytes") - u(p0, "in_use_bytes"), e.leaked_bytes - e0.leaked_bytes);
+}
+
 inline void expect_nothing_dropped(const nlohmann::json& j) {
   for (const char* k : {"inject_ring_full", "inject_malformed", "stack_record_missing", "malformed"})
     EXPECT_EQ(j["dropped"][k].get<long>(), 0) << k << " in " << j["dropped"].dump();
