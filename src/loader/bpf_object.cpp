@@ -72,6 +72,42 @@ int reuse_maps(memtrace_bpf* main, memtrace_bpf* o) {
   return 0;
 }
 
+// memtrace_bpf__load, with MEMTRACE_VERIFIER_STATS=1 printing each loaded
+// program's verifier statistics (instructions processed, states, time) on
+// stderr: where a launch's load goes (docs/startup-cost.md).
+// MEMTRACE_VERIFIER_STATS=DIR (a directory): each program's whole log
+// (level 2: every instruction the verifier walked, with its state) in
+// DIR/NAME.log as well.
+int load_object(memtrace_bpf* o) {
+  const char* want = getenv("MEMTRACE_VERIFIER_STATS");
+  if (!want) return memtrace_bpf__load(o);
+  std::string dir = strcmp(want, "1") == 0 ? "" : want;
+  std::vector<std::pair<bpf_program*, std::vector<char>>> logs;
+  bpf_program* p;
+  bpf_object__for_each_program(p, o->obj) if (bpf_program__autoload(p))
+      logs.emplace_back(p, std::vector<char>(dir.empty() ? 1 << 16 : 256u << 20));
+  for (auto& [prog, buf] : logs) {
+    bpf_program__set_log_level(prog, dir.empty() ? 4 : 4 | 2);  // BPF_LOG_STATS, BPF_LOG_LEVEL2
+    bpf_program__set_log_buf(prog, buf.data(), buf.size());
+  }
+  int err = memtrace_bpf__load(o);
+  std::lock_guard<std::mutex> lk(g_log_mu);
+  for (auto& [prog, buf] : logs) {
+    size_t len = strnlen(buf.data(), buf.size());
+    if (!dir.empty())
+      if (FILE* f = fopen((dir + "/" + bpf_program__name(prog) + ".log").c_str(), "w")) {
+        fwrite(buf.data(), 1, len, f);
+        fclose(f);
+      }
+    std::istringstream is(std::string(buf.data(), len));
+    std::string stats;
+    for (std::string l; std::getline(is, l);)
+      if (l.rfind("processed ", 0) == 0 || l.rfind("verification time", 0) == 0) stats += " | " + l;
+    fprintf(stderr, "memtrace-bpf: verifier %s%s\n", bpf_program__name(prog), stats.c_str());
+  }
+  return err;
+}
+
 }  // namespace
 
 // The full object, or the compat one (kernels before 5.17) through the same
@@ -152,22 +188,22 @@ Result<void> load_objects(BpfObjects& objs, bool full, bool parallel, bool defer
         bpf_program__set_autoload(p, false);
   }
   clear_libbpf_log();
-  if (int err = memtrace_bpf__load(main); err) return Error::msg(load_failure(-err));
+  if (int err = load_object(main); err) return Error::msg(load_failure(-err));
   if (!parallel) return {};
   for (memtrace_bpf* o : {objs.uprobes, objs.mmap})
     if (int err = reuse_maps(main, o); err) return Error::sys("share the BPF maps between objects", -err);
   if (defer_uprobes) {
     BpfObjects* o = &objs;
     objs.uprobe_loader = std::thread([o] {
-      o->uprobe_err = memtrace_bpf__load(o->uprobes);
+      o->uprobe_err = load_object(o->uprobes);
       o->uprobes_loaded = true;
     });
-    if (int err = memtrace_bpf__load(objs.mmap); err) return Error::msg(load_failure(-err));
+    if (int err = load_object(objs.mmap); err) return Error::msg(load_failure(-err));
     return {};
   }
   int mmap_err = 0;
-  std::thread t([&] { mmap_err = memtrace_bpf__load(objs.mmap); });
-  int up_err = memtrace_bpf__load(objs.uprobes);
+  std::thread t([&] { mmap_err = load_object(objs.mmap); });
+  int up_err = load_object(objs.uprobes);
   t.join();
   if (up_err) return Error::msg(load_failure(-up_err));
   if (mmap_err) return Error::msg(load_failure(-mmap_err));
