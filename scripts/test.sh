@@ -22,13 +22,16 @@ cd "$ROOT/build"
 set -- --output-on-failure --timeout 600 --repeat until-pass:3 "$@"
 LOG=$(mktemp /tmp/memtrace-test-log.XXXXXX)
 trap 'rm -f "$LOG" "$LOG.1" "$LOG.2" "$LOG.r"' EXIT
-# Debian's kernels under qemu and the package in a chroot first, two at a
-# time: each VM is single-threaded TCG, one host core (serially they took
-# 500 of CI's 1,190 s of tests). Then everything else, one test at a time
+# Debian's kernels under qemu, the package in a chroot and the fuzzers
+# (a clang build of their own, then 10 s of fuzzing each) first, two at a
+# time, the longest first (their COST): each VM is single-threaded TCG, one
+# host core, and the 5.10 VM, the package and the fuzzers share the second
+# core after the two long VMs. Then everything else, one test at a time
 # (integration tests trace system-wide; gdb comparisons must run alone).
+GROUP1='^(kernel|package|fuzz)$'
 rc=0
-ctest -L '^(kernel|package)$' -j2 -O "$LOG.1" "$@" || rc=$?
-ctest -LE '^(kernel|package)$' -O "$LOG.2" "$@" || rc=$?
+ctest -L "$GROUP1" -j2 -O "$LOG.1" "$@" || rc=$?
+ctest -LE "$GROUP1" -O "$LOG.2" "$@" || rc=$?
 # ctest prints one line per run of a test ("[i/n ]Test #k: NAME ....   Passed",
 # "***Failed", "***Timeout", ...), a retry's too: a test whose runs were
 # failures and then a pass was retried into passing.
