@@ -5,6 +5,7 @@ ratios (issue 33, docs/startup-cost.md).
 
   sudo bench/startup/startup_bench.py [--repeat 7] [--build build]
        [--modes untraced,memtrace,memtrace-before,valgrind,heaptrack] [--programs true,10ms]
+       [--prev-build DIR  (with mode memtrace-prev)]
 
 Each figure is the wall time from the tool's launch to its exit (the user's
 prompt back), report written:
@@ -12,6 +13,8 @@ prompt back), report written:
   memtrace-before  the same with MEMTRACE_SYNC_TEARDOWN=1 MEMTRACE_SERIAL_LOAD=1:
                  the tool closes its links itself before it exits, its programs
                  verified one after the other (what it did before issue 33)
+  memtrace-prev  memtrace with the tool of another build (--prev-build DIR,
+                 e.g. one of an older commit): A/B across commits
   valgrind       valgrind -q PROG (memcheck)
   heaptrack      heaptrack -o FILE PROG (its recording; no heaptrack_print)
   untraced       PROG alone
@@ -29,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def argv_of(mode, tool, prog, tmp):
-    if mode in ("memtrace", "memtrace-before"):
+    if mode in ("memtrace", "memtrace-before", "memtrace-prev"):
         return [tool, "-o", os.path.join(tmp, "r.txt"), "--"] + prog
     if mode == "valgrind":
         return ["valgrind", "-q"] + prog
@@ -40,7 +43,8 @@ def argv_of(mode, tool, prog, tmp):
     raise SystemExit("unknown mode " + mode)
 
 
-def run_once(mode, tool, prog, tmp):
+def run_once(mode, tools, prog, tmp):
+    tool = tools.get(mode, tools["memtrace"])
     env = dict(os.environ)
     if mode == "memtrace-before":
         env["MEMTRACE_SYNC_TEARDOWN"] = "1"
@@ -64,9 +68,14 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--modes", default="untraced,memtrace,memtrace-before,valgrind,heaptrack")
     ap.add_argument("--programs", default="true,10ms")
+    ap.add_argument("--prev-build", help="the build whose tool memtrace-prev runs")
     a = ap.parse_args()
-    tool = os.path.join(a.build, "src/loader/memtrace-bpf")
+    tools = {"memtrace": os.path.join(a.build, "src/loader/memtrace-bpf")}
     modes = a.modes.split(",")
+    if "memtrace-prev" in modes:
+        if not a.prev_build:
+            raise SystemExit("memtrace-prev needs --prev-build DIR")
+        tools["memtrace-prev"] = os.path.join(a.prev_build, "src/loader/memtrace-bpf")
     with tempfile.TemporaryDirectory() as tmp:
         ten = os.path.join(tmp, "ten_ms")
         subprocess.run(["cc", "-O2", "-g", "-o", ten, os.path.join(HERE, "ten_ms.c")], check=True)
@@ -76,7 +85,7 @@ def main():
         for r in range(a.repeat):
             for n in names:
                 for m in modes:
-                    v = run_once(m, tool, progs[n], tmp)
+                    v = run_once(m, tools, progs[n], tmp)
                     res[(n, m)].append(v)
                     print("round %d %-5s %-16s %7.3f s" % (r, n, m, v), file=sys.stderr, flush=True)
         un = os.uname()
