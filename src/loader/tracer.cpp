@@ -83,6 +83,11 @@ Tracer::Tracer(Options o)
     if (feat_) feat_->snapshot_maps(pid, &maps);
   });
   if (const char* n = getenv("MEMTRACE_DRAIN_NICE")) o_.drain_nice = atoi(n);  // benchmarks: A/B
+  // Tests: the raw stacks' collection without its 30 s wait.
+  if (const char* g = getenv("MEMTRACE_STACKS_GC_MS")) {
+    stacks_gc_every_ = std::chrono::milliseconds(atoi(g));
+    stacks_gc_growth_ = 1;
+  }
   if (o_.faults) {
     maps_cache_ = std::make_unique<MapsCache>();
     heap::FaultObserver observer;
@@ -450,6 +455,8 @@ void Tracer::collect_stacks() {
   auto dropped = model_.collect_stacks();
   stacks_collected_ += dropped.size();
   stacks_gc_at_ = std::max(stacks_gc_at_, 2 * model_.stack_count());
+  stacks_after_gc_ = model_.stack_count();
+  stacks_gc_last_ = std::chrono::steady_clock::now();
   if (dropped.empty() || !skel_) return;
   // BPF sends a stack once (stacks_seen, and a per-CPU cache of recent ids):
   // forget these there, so that a stack seen again is sent again.
@@ -644,6 +651,7 @@ int Tracer::check(std::ostream& os) {
 }
 
 int Tracer::run() {
+  stacks_gc_last_ = std::chrono::steady_clock::now();
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -813,8 +821,8 @@ int Tracer::run() {
     // Images that ended are sealed in steps between drains: 10 ms a turn,
     // more when they queue up (a build's compilers end one after another).
     if (model_.sealing()) model_.seal_some(std::chrono::milliseconds(10 * std::min<size_t>(model_.sealing(), 8)));
-    if (model_.stack_count() >= stacks_gc_at_) collect_stacks();
     auto now = std::chrono::steady_clock::now();
+    if (stacks_gc_due(now)) collect_stacks();
     if (launcher_) {
       int st;
       if (launcher_->poll_exit(&st)) {

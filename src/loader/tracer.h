@@ -270,6 +270,19 @@ class Tracer {
   Resolver resolver_;
   size_t stacks_gc_at_ = size_t{1} << 16;  // collect_stacks() once the model holds this many raw stacks
   uint64_t stacks_collected_ = 0;          // dropped by collect_stacks() in all
+  // ... or once it holds stacks_gc_growth_ more than after the last
+  // collection and stacks_gc_every_ has passed: a daemon over short
+  // processes (each a new address space: new raw stacks, sealed at its end)
+  // would otherwise grow to 65,536 of them (~13 MiB) before the first
+  // collection (bench/soak). MEMTRACE_STACKS_GC_MS (tests): every MS, any growth.
+  size_t stacks_gc_growth_ = 4096;
+  std::chrono::steady_clock::duration stacks_gc_every_ = std::chrono::seconds(30);
+  std::chrono::steady_clock::time_point stacks_gc_last_{};
+  size_t stacks_after_gc_ = 0;
+  bool stacks_gc_due(std::chrono::steady_clock::time_point now) const {
+    size_t n = model_.stack_count();
+    return n >= stacks_gc_at_ || (n >= stacks_after_gc_ + stacks_gc_growth_ && now - stacks_gc_last_ >= stacks_gc_every_);
+  }
   std::map<pid_t, Proc> procs_;
   std::map<std::pair<uint64_t, uint64_t>, ProbeSet> system_probes_;  // system-wide mode
   std::pair<uint64_t, uint64_t> self_exe_{0, 0};  // (dev, inode) of our own binary: never probed system-wide

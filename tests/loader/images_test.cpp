@@ -121,3 +121,40 @@ TEST(EndedImagesTraced, ManyRunsOfOneProgramAreMergedAndTheSumsStayExact) {
   EXPECT_EQ(entries(replayed).size(), 5u);
   EXPECT_EQ(entries(replayed), entries(r.report));
 }
+
+// A daemon over short processes collects their raw stacks while it runs
+// (every 30 s once 4,096 more are held; MEMTRACE_STACKS_GC_MS=20 here), not
+// only once 65,536 are held: the collection changes no figure, and stacks
+// of later runs (BPF sends a dropped stack again) are charged as before.
+TEST(EndedImagesTraced, RawStacksOfEndedRunsAreCollectedWhileTheTraceRunsAndNoFigureChanges) {
+  MEMTRACE_REQUIRE_ROOT();
+  if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) MEMTRACE_SKIP_OR_FAIL("no BTF: BPF CO-RE unavailable");
+  const int runs = 8;
+  std::string loop = "i=0; while [ $i -lt " + std::to_string(runs) + " ]; do " + target("alloc_rounds") +
+                     " --rounds 2 >/dev/null; sleep 0.1; i=$((i+1)); done";
+  auto sums = [](const ToolRun& r) {
+    std::map<std::string, long> s;
+    for (const auto& p : r.report["processes"])
+      if (p["comm"] == "alloc_rounds")
+        for (const char* k : {"allocs", "frees", "bytes_allocated", "in_use_bytes", "in_use_blocks"}) s[k] += u(p, k);
+    return s;
+  };
+  ToolRun plain = run_tool({"--", "/bin/sh", "-c", loop});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  setenv("MEMTRACE_STACKS_GC_MS", "20", 1);
+  ToolRun gc = run_tool({"--", "/bin/sh", "-c", loop});
+  unsetenv("MEMTRACE_STACKS_GC_MS");
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  EXPECT_EQ(plain.report["stats"]["model_stacks_collected"].get<long>(), 0);
+  EXPECT_GT(gc.report["stats"]["model_stacks_collected"].get<long>(), 0) << gc.report["stats"].dump();
+  auto a = sums(plain), b = sums(gc);
+  EXPECT_GT(a["allocs"], 0);
+  EXPECT_EQ(a, b);
+  for (const auto* r : {&plain, &gc})
+    for (const auto& [k, v] : r->report["dropped"].items()) EXPECT_EQ(v, 0) << k;
+  // Every run's leak is still named from its sealed stacks.
+  long named = 0;
+  for (const auto& p : gc.report["processes"])
+    if (p["comm"] == "alloc_rounds") named += has_leak_here(p);
+  EXPECT_EQ(named, runs);
+}
