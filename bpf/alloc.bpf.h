@@ -16,7 +16,7 @@ static __always_inline bool from_old_image(mt_task_t task, struct mt_inflight *c
 #ifndef MT_COMPAT
 	__u64 mm = (__u64)task->mm;
 
-	if (system_wide)
+	if (system_wide || (__u32)(cookie >> MT_COOKIE_IMAGE_SHIFT) == MT_COOKIE_IMAGE_SHARED)
 		return false;
 	if (cur->img_mm != mm) {
 		__u32 tgid = task->tgid;

@@ -318,6 +318,11 @@ struct mt_target {
  * would fire in the new image beside its own. The BPF side ignores a probe
  * whose image is not the process's current one. */
 #define MT_COOKIE_IMAGE_SHIFT 40
+/* The image of a probe shared by every process (one perf-event uprobe per
+ * file offset, each process in its filter: src/loader/shared_uprobes.h):
+ * one probe fires once whatever image put the process in the filter, so a
+ * hit is always the current image's. */
+#define MT_COOKIE_IMAGE_SHARED 0xffffffu
 #define MT_IMAGE_ANY 0xffffffffu
 
 /* Per-thread state of an allocator call in flight (nested public calls from

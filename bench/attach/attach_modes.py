@@ -15,14 +15,19 @@ under that name one after the other, and reports:
                        (the untraced runs of each repetition run just before
                        it), median
   tool exit            SIGINT -> exit of memtrace-bpf
-  reaper after exit    exit of memtrace-bpf -> the end of its reaper process,
-                       which closes the perf-event uprobes still open
-                       (src/loader/attach.cpp: detach_in_background)
+  detach per process   the kernel's time in the closes of an ended process's
+                       perf events during the run (STATS uprobe_detach_us /
+                       uprobe_detach_sets; perf-event modes only)
+  reaper after exit    exit of memtrace-bpf -> the end of its guardian or
+                       reaper process, which closes the perf-event uprobes
+                       still open (src/loader/attach.cpp: detach_in_background)
 
 Modes: multi (uprobe_multi links, the default here), perf
-(MEMTRACE_UPROBE_ATTACH=perf: perf-event uprobes with cookies, as on 6.1),
-compat (MEMTRACE_BPF_VARIANT=compat: the 5.10 object, perf-event uprobes
-without cookies).
+(MEMTRACE_UPROBE_ATTACH=perf: perf-event uprobes with cookies, as on 6.1:
+tracefs events shared by every process, src/loader/shared_uprobes.h),
+perf-pmu (each process's own perf events from the uprobe PMU, as before the
+shared events), compat (MEMTRACE_BPF_VARIANT=compat: the 5.10 object,
+perf-event uprobes without cookies, shared).
 
   sudo bench/attach/attach_modes.py [-n 20] [--reps 5] [--memtrace build/src/loader/memtrace-bpf]
 """
@@ -44,12 +49,13 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MODES = {
     "multi": {},
     "perf": {"MEMTRACE_UPROBE_ATTACH": "perf"},
+    "perf-pmu": {"MEMTRACE_UPROBE_ATTACH": "perf-pmu"},
     "compat": {"MEMTRACE_BPF_VARIANT": "compat"},
 }
 
 
 def reaper_wait():
-    """Seconds until no memtrace-bpf process is left: before 6.6 a reaper
+    """Seconds until no memtrace-bpf or memtrace-guard process is left: before 6.6 a reaper
     process closes the perf-event uprobes after the tool exits (one RCU grace
     period each, under the kernel's event_mutex, which the next run's attaches
     also take); each run starts after the last one's reaper is done."""
@@ -60,7 +66,7 @@ def reaper_wait():
             if pid.isdigit():
                 try:
                     with open(f"/proc/{pid}/comm") as f:
-                        busy |= f.read().strip() == "memtrace-bpf"
+                        busy |= f.read().strip() in ("memtrace-bpf", "memtrace-guard")
                 except OSError:
                     pass
         if not busy:
@@ -102,7 +108,8 @@ def traced(tool, mode, target, n, tmp):
     procs = [q for q in j["processes"] if q["comm"] == "mtb_attach"]
     if len(procs) != n or st["attach_processes"] < n:
         sys.exit(f"{mode}: {len(procs)} processes traced, {st['attach_processes']} attaches, want {n}")
-    return times, st["attach_us"] / st["attach_processes"], j["kernel"], exit_s, reaper_wait()
+    detach = st["uprobe_detach_us"] / st["uprobe_detach_sets"] if st.get("uprobe_detach_sets") else float("nan")
+    return times, st["attach_us"] / st["attach_processes"], j["kernel"], exit_s, reaper_wait(), detach
 
 
 def main():
@@ -119,13 +126,15 @@ def main():
     delay = {m: [] for m in MODES}
     exits = {m: [] for m in MODES}
     reaps = {m: [] for m in MODES}
+    detaches = {m: [] for m in MODES}
     kernel = {}
     for r in range(a.reps):
         for m in MODES:
             base = med(run_targets(target, a.n))
             reaper_wait()
-            times, per, kernel[m], ex, reap = traced(tool, m, target, a.n, tmp)
+            times, per, kernel[m], ex, reap, det = traced(tool, m, target, a.n, tmp)
             attach[m].append(per)
+            detaches[m].append(det)
             exits[m].append(ex)
             reaps[m].append(reap)
             delay[m].append(med(times) - base)
@@ -133,12 +142,12 @@ def main():
               flush=True)
     rel = os.uname().release
     print(f"\nkernel {rel}, {a.n} processes x {a.reps} repetitions, medians")
-    print(f"{'mode':8} {'uprobes':14} {'attach per process':>19} {'vs multi':>9} {'startup delay':>14} "
-          f"{'tool exit':>10} {'reaper after exit':>18}")
+    print(f"{'mode':8} {'uprobes':17} {'attach per process':>19} {'vs multi':>9} {'startup delay':>14} "
+          f"{'detach per process':>19} {'tool exit':>10} {'reaper after exit':>18}")
     for m in MODES:
-        print(f"{m:8} {kernel[m]['uprobes']:14} {med(attach[m]) / 1000:16.2f} ms "
-              f"{med(attach[m]) / med(attach['multi']):8.2f}x {med(delay[m]) * 1000:11.2f} ms {med(exits[m]):8.2f} s"
-              f" {med(reaps[m]):15.2f} s")
+        print(f"{m:8} {kernel[m]['uprobes']:17} {med(attach[m]) / 1000:16.2f} ms "
+              f"{med(attach[m]) / med(attach['multi']):8.2f}x {med(delay[m]) * 1000:11.2f} ms"
+              f" {med(detaches[m]) / 1000:16.2f} ms {med(exits[m]):8.2f} s {med(reaps[m]):15.2f} s")
     shutil.rmtree(tmp)
     shutil.rmtree(os.path.dirname(tool))
 

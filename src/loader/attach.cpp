@@ -1,5 +1,7 @@
 #include "loader/attach.h"
 
+#include "loader/shared_uprobes.h"
+
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <elf.h>
@@ -14,6 +16,8 @@
 #include <sys/sysmacros.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cinttypes>
 #include <cstdlib>
@@ -60,6 +64,10 @@ std::deque<Link> g_perf_queue;
 int g_attaching = 0;
 bool g_perf_stop = false;  // detach_wait: the thread ends after its current close
 std::thread g_perf_thread;
+// The kernel's time in the closes of perf_detacher (STATS uprobe_detach_us):
+// a process's perf events, closed after it ended, while the run goes on.
+std::atomic<uint64_t> g_detach_ns{0};
+std::atomic<uint64_t> g_detach_sets{0};
 // Probes that still fire (a live process's, system-wide ones): closed by
 // detach_wait itself, before the tool exits, never left to the reaper: a
 // system-wide uprobe left open for seconds after the exit made every process
@@ -95,7 +103,9 @@ void perf_detacher() {
     Link l = g_perf_queue.front();
     g_perf_queue.pop_front();
     lk.unlock();
+    auto t0 = std::chrono::steady_clock::now();
     close_link(l);
+    g_detach_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     lk.lock();
   }
 }
@@ -116,8 +126,12 @@ void set_link_sink(LinkSink sink) {
   g_sink = std::move(sink);
 }
 
+DetachStats detach_stats() { return {g_detach_ns.load() / 1000, g_detach_sets.load()}; }
+
 void detach_async(std::vector<Link> links, bool urgent) {
   std::lock_guard<std::mutex> lk(g_detach_mu);
+  if (!urgent && std::any_of(links.begin(), links.end(), [](const Link& l) { return l.perf_fd >= 0; }))
+    g_detach_sets++;
   if (g_sink) {  // BPF links (uprobe_multi) to the sink at once; perf events as below
     std::vector<Link> bpf_links;
     for (const Link& l : links)
@@ -157,6 +171,10 @@ void detach_wait() {
   std::vector<Link> urgent;
   {
     std::lock_guard<std::mutex> lk(g_detach_mu);
+    // The shared events' carriers after every process's filter (no attach
+    // follows): closed in the background (a grace period each), last.
+    std::vector<Link> carriers = shared_uprobes::take_carriers();
+    g_perf_queue.insert(g_perf_queue.begin(), carriers.begin(), carriers.end());
     urgent.swap(g_perf_urgent);
     if (to_sink(urgent)) return;  // closed by the sink, first (they still fire)
   }
@@ -174,9 +192,10 @@ void detach_in_background() {
     std::lock_guard<std::mutex> lk(g_detach_mu);
     links.assign(g_perf_queue.rbegin(), g_perf_queue.rend());
     g_perf_queue.clear();
-    if (to_sink(links)) return;  // the guardian closes them (guardian.h)
+    if (to_sink(links)) return;  // the guardian closes them (guardian.h), then removes the shared events
   }
   if (links.empty()) return;
+  const std::vector<std::string> removals = shared_uprobes::removal_lines();
   std::vector<int> keep;
   for (const Link& l : links) keep.insert(keep.end(), {l.fd, l.perf_fd});
   std::sort(keep.begin(), keep.end());
@@ -203,10 +222,12 @@ void detach_in_background() {
       if (null >= 0 && !std::binary_search(keep.begin(), keep.end(), fd)) dup2(null, fd);
     if (null > 2) close(null);
     for (const Link& l : links) close_link(l);
+    shared_uprobes::remove_events(removals);
     _exit(0);
   }
   if (pid < 0) {  // no process: close them here, slowly
     for (const Link& l : links) close_link(l);
+    shared_uprobes::remove_events(removals);
     return;
   }
   for (const Link& l : links) close_link(l);  // the reaper holds them now
@@ -514,18 +535,32 @@ Result<ProbeSet> Attacher::attach(const AllocatorObject& obj, pid_t pid, const s
   ProbeSet set;
   if (mode_ != AttachMode::UprobeMulti) {
     // One uprobe per offset; a refused chosen offset falls back to the
-    // function's entry for that probe alone.
+    // function's entry for that probe alone. A process's probes are its
+    // filters on events shared by every process (shared_uprobes.h: no
+    // grace period at its detach); a system-wide probe is the PMU's own.
+    const bool shared = pid > 0 && shared_uprobes::available();
+    auto one = [&](bpf_program* prog, uint64_t off, uint64_t cookie, bool ret) -> Result<Link> {
+      if (shared) {
+        // Every process's image in one program's cookie: none is old.
+        uint64_t c = cookie & ((1ULL << MT_COOKIE_IMAGE_SHIFT) - 1);
+        if (cookies) c |= static_cast<uint64_t>(MT_COOKIE_IMAGE_SHARED) << MT_COOKIE_IMAGE_SHIFT;
+        auto r = shared_uprobes::open_for(pid, open_path, obj.dev, obj.inode, off, ret, prog, c, cookies);
+        if (r || r.error().err != 0) return r;  // the process's own open: as the PMU's
+        if (shared_fallbacks_++ == 0) notes_.push_back(r.error().message + ": perf-event uprobes of its own");
+      }
+      return perf_uprobe(prog, open_path, pid, off, cookie, ret, cookies);
+    };
     for (size_t i = 0; i < roff.size(); i++) {
-      auto r = perf_uprobe(exit_, open_path, pid, roff[i], rcookie[i], true, cookies);
+      auto r = one(exit_, roff[i], rcookie[i], true);
       if (!r) return r.error();
       set.add(*r);
     }
     for (const Probe& p : entry) {
-      auto e = perf_uprobe(p.prog, open_path, pid, p.off, p.cookie, false, cookies);
+      auto e = one(p.prog, p.off, p.cookie, false);
       if (!e && p.off != p.off0) {
         notes_.push_back("kernel refused the chosen probe offset +" + std::to_string(p.off) + " in " + obj.path +
                          " (" + e.error().message + "): using the function's entry");
-        e = perf_uprobe(p.prog, open_path, pid, p.off0, p.cookie0, false, cookies);
+        e = one(p.prog, p.off0, p.cookie0, false);
       }
       if (!e) return e.error();
       set.add(*e);

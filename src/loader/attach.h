@@ -67,6 +67,12 @@ struct Link {
   int perf_fd = -1;  // perf event (perf-event uprobes)
 };
 void detach_async(std::vector<Link> links, bool urgent);
+// Perf-event uprobes closed during the run: the time in their closes and
+// the sets (processes, images) they were (STATS uprobe_detach_us, _sets).
+struct DetachStats {
+  uint64_t us = 0, sets = 0;
+};
+DetachStats detach_stats();
 void detach_wait();
 void detach_in_background();
 // A process that outlives the tool and closes links for it (the guardian,
@@ -167,6 +173,7 @@ class Attacher {
   // (dev, inode) -> analysis; nullptr value: not an allocator.
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<AllocatorObject>> objects_;
   std::vector<std::string> notes_;  // kernel refused an offset, ...
+  int shared_fallbacks_ = 0;         // shared perf-event uprobes refused: the PMU's per process
 };
 
 const char* role_name(uint32_t role);

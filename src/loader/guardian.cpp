@@ -1,5 +1,7 @@
 #include "loader/guardian.h"
 
+#include "loader/shared_uprobes.h"
+
 #include <bpf/bpf.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -188,6 +190,9 @@ void resume_stopped_targets(int targets) {
   }
   resume_all(fds[0]);
   resume_stopped_targets(fds[2]);
+  // Every link closed and the loader gone: the uprobe events it shared
+  // between its processes are free to go (shared_uprobes.h).
+  shared_uprobes::remove_group(loader);
   _exit(0);
 }
 

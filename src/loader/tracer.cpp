@@ -1,5 +1,7 @@
 #include "loader/tracer.h"
 
+#include "loader/shared_uprobes.h"
+
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <signal.h>
@@ -160,12 +162,18 @@ Result<void> Tracer::load() {
   } else {
     attach_mode_ = kf_.uprobe_multi ? AttachMode::UprobeMulti : AttachMode::PerfEvent;
     // Benchmarks compare the two attach mechanisms on one kernel.
-    if (const char* a = getenv("MEMTRACE_UPROBE_ATTACH"); a && std::string(a) == "perf")
+    // perf: as before 6.6; perf-pmu: each process's own perf events (the
+    // uprobe PMU's), as before the shared events (shared_uprobes.h).
+    if (const char* a = getenv("MEMTRACE_UPROBE_ATTACH"); a && (std::string(a) == "perf" || std::string(a) == "perf-pmu"))
       attach_mode_ = AttachMode::PerfEvent;
   }
+  shared_uprobes_ = attach_mode_ != AttachMode::UprobeMulti && shared_uprobes::available();
   if (attach_mode_ == AttachMode::PerfEvent)
-    kernel_notes_.push_back("uprobes: one perf-event uprobe per probe and process: kernel " + kf_.release +
-                            " has no uprobe_multi links (6.6)");
+    kernel_notes_.push_back(std::string("uprobes: ") +
+                            (shared_uprobes_ ? "perf-event uprobes shared by every traced process (one per probe, "
+                                               "each process in its filter)"
+                                             : "one perf-event uprobe per probe and process") +
+                            ": kernel " + kf_.release + " has no uprobe_multi links (6.6)");
 
   skel_ = open_skeleton(full_bpf_);
   if (!skel_) return Error::sys("open BPF object");
@@ -639,7 +647,9 @@ int Tracer::check(std::ostream& os) {
     rc = 1;
   } else {
     os << "ok       allocator probes: " << set->size() << " "
-       << (attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi links" : "perf-event uprobes")
+       << (attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi links"
+           : shared_uprobes_                       ? "perf-event uprobes (shared events)"
+                                                   : "perf-event uprobes")
        << " on " << where.path << " (" << (*obj)->family << ") attached and detached\n";
   }
   teardown();

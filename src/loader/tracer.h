@@ -203,6 +203,7 @@ class Tracer {
   bool full_bpf_ = true;  // the full BPF object, else the compat one (kernel_features.h)
   bool syscall_fexit_ = false;  // mmap family and fork child on fentry/fexit, not syscalls:* tracepoints
   AttachMode attach_mode_ = AttachMode::UprobeMulti;
+  bool shared_uprobes_ = false;  // perf-event uprobes: shared events (shared_uprobes.h)
   std::vector<std::string> kernel_notes_;  // fallbacks this kernel needs, shown in the report
   struct memtrace_bpf* skel_ = nullptr;  // objs_.main once loaded: its maps, rodata, bss, tracepoints
   BpfObjects objs_;                       // bpf_object.h

@@ -204,6 +204,11 @@ report::Drops Tracer::drops() {
   d.stats["attach_processes"] = attach_count_;
   d.stats["maps_reads"] = maps_reads_;  // /proc/PID/maps reads by the tracer: one per event that needs them
   d.stats["attach_us"] = attach_us_;
+  if (attach_mode_ != AttachMode::UprobeMulti) {
+    DetachStats ds = detach_stats();
+    d.stats["uprobe_detach_us"] = ds.us;
+    d.stats["uprobe_detach_sets"] = ds.sets;
+  }
   if (pprof_dir_) pprof_dir_->add_stats(d.stats);
   return d;
 }
@@ -218,7 +223,9 @@ std::vector<std::string> Tracer::notes() const {
 nlohmann::json Tracer::kernel_json() const {
   return {{"release", kf_.release},
           {"bpf", full_bpf_ ? "full" : "compat"},
-          {"uprobes", attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi" : "perf_event"},
+          {"uprobes", attach_mode_ == AttachMode::UprobeMulti ? "uprobe_multi"
+              : shared_uprobes_                       ? "perf_event_shared"
+                                                      : "perf_event"},
           {"stacks", !o_.stacks ? "none" : o_.cfi ? "cfi" : "frame_pointers"},
           {"inflight", full_bpf_ ? "task_storage" : "hash"},
           {"syscalls", syscall_fexit_ ? "fexit" : "tracepoint"},

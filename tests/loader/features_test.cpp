@@ -29,13 +29,6 @@ class Features : public ::testing::Test {
   }
 };
 
-void expect_no_losses(const json& rep) {
-  ASSERT_TRUE(rep.contains("dropped")) << rep.dump();
-  for (const char* k : {"ringbuf", "stack_ringbuf", "inflight_map_full", "stack_record_missing", "malformed",
-                        "missed_returns", "stop_failed"})
-    EXPECT_EQ(rep["dropped"][k].get<long>(), 0) << k << " in " << rep["dropped"].dump();
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;

@@ -217,6 +217,14 @@ inline PerRound parse_per_round(const std::string& out) {
 }
 
 inline long u(const nlohmann::json& p, const char* k) { return p["summary"][k].get<long>(); }
+
+// Nothing the report counts as lost was lost.
+inline void expect_no_losses(const nlohmann::json& rep) {
+  ASSERT_TRUE(rep.contains("dropped")) << rep.dump();
+  for (const char* k : {"ringbuf", "stack_ringbuf", "inflight_map_full", "stack_record_missing", "malformed",
+                        "missed_returns", "stop_failed"})
+    EXPECT_EQ(rep["dropped"][k].get<long>(), 0) << k << " in " << rep["dropped"].dump();
+}
 // A report's process summary as valgrind's counts.
 inline ValgrindCounts counts_of(const nlohmann::json& p) {
   return {u(p, "in_use_bytes"), u(p, "in_use_blocks"), u(p, "allocs"), u(p, "frees"), u(p, "bytes_allocated")};

@@ -19,13 +19,6 @@ using nlohmann::json;
 
 namespace {
 
-void expect_no_losses(const json& rep) {
-  ASSERT_TRUE(rep.contains("dropped")) << rep.dump();
-  for (const char* k : {"ringbuf", "stack_ringbuf", "inflight_map_full",
-                        "stack_record_missing", "malformed", "missed_returns", "stop_failed"})
-    EXPECT_EQ(rep["dropped"][k].get<long>(), 0) << k << " in " << rep["dropped"].dump();
-}
-
 // The leak group of `bytes` bytes of the process of that comm in a report.
 const json* leak_group(const json& rep, const char* comm, long bytes) {
   const json* p = find_comm(rep, comm);
