@@ -279,6 +279,14 @@ Result<const AllocatorObject*> Attacher::analyze(const std::string& open_path, c
     make();
     obj->family = probes::family_name(a->family);
     add_sites(*obj, *a);
+    // Its own C++ new/delete, mallocx, sdallocx...: under a preloaded
+    // tcmalloc or mimalloc the program's new and delete are these and never
+    // reach its malloc.
+    for (const auto& sym : a->extras) {
+      probes::Allocator one;
+      one.symbols = {sym};
+      add_sites(*obj, one);
+    }
     obj->alloc = std::move(*a);
   }
   // libstdc++ rounds the size of an aligned new up before aligned_alloc: the

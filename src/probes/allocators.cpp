@@ -199,6 +199,9 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
                                           "_ZdlPvSt11align_val_tRKSt9nothrow_t",
                                           "_ZdaPvSt11align_val_tRKSt9nothrow_t", "_ZdlPvmSt11align_val_t",
                                           "_ZdaPvmSt11align_val_t"};
+    // Placed as their role's functions, for the BPF path's probes; one at
+    // the address of an earlier function is its alias (new and new[] are
+    // one function in tcmalloc): not probed twice.
     auto extra = [&](const std::string& name, Role r) {
       auto s = probeable(elf, name);
       if (!s) return;
@@ -208,6 +211,15 @@ std::optional<Allocator> find_allocator_symbols(const elf::ElfFile& elf, const D
       as.vaddr = s->vaddr;
       as.size = s->size;
       as.file_offset = s->file_offset;
+      auto [it, fresh] = first_at.emplace(s->vaddr, s->name);
+      if (!fresh) {
+        as.alias_of = it->second;
+        for (const auto* list : {&a.symbols, &a.extras})
+          for (const auto& prev : *list)
+            if (prev.vaddr == s->vaddr && prev.alias_of.empty()) as.placement = prev.placement;
+      } else {
+        as.placement = place_function(elf, *s, needs_for(r), opts.caps, opts.scan_object, opts.isa);
+      }
       a.extras.push_back(std::move(as));
     };
     for (const char* n : kNew) extra(n, Role::kMalloc);
@@ -274,14 +286,17 @@ std::string explain(const Allocator& a, const std::string& object_path) {
   else
     os << object_path << ": " << family_name(a.family) << " allocator"
        << (a.prefix.empty() ? "" : " (symbol prefix " + a.prefix + ")") << "\n";
-  for (const auto& s : a.symbols) {
+  auto line = [&](const AllocatorSymbol& s) {
     os << "  " << role_name(s.role) << "  " << s.symbol;
     if (!s.alias_of.empty()) {
       os << ": alias of " << s.alias_of << " (same address, one probe)\n";
-      continue;
+      return;
     }
     os << describe(s.placement) << "\n";
-  }
+  };
+  // Then its other entries (C++ new/delete, mallocx...), probed as the role shown.
+  for (const auto* list : {&a.symbols, &a.extras})
+    for (const auto& s : *list) line(s);
   return os.str();
 }
 

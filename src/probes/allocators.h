@@ -73,7 +73,8 @@ struct Allocator {
   // (kMalloc), rallocx (kRealloc), sdallocx and dallocx (kFree), with the
   // family's prefix. Under a preloaded tcmalloc or mimalloc the program's
   // new and delete are these, not libstdc++'s (which call malloc and
-  // free). No placement: --inject patches them (src/inject).
+  // free). Placed (and aliased) as the role's functions: the BPF path
+  // probes them too; --inject patches them (src/inject).
   std::vector<AllocatorSymbol> extras;
   const AllocatorSymbol* find(Role r) const;
 };

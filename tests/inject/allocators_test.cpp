@@ -132,19 +132,22 @@ TEST(InjectAllocators, PreloadedMimallocExact) { preloaded_exact("mimalloc"); }
 
 namespace {
 
-// cxx_new under LD_PRELOAD=lib, launched with --inject: R rounds less 0
+// cxx_new under LD_PRELOAD=lib, launched with --inject (or on the BPF
+// path: the allocator's own new/delete probed): R rounds less 0
 // rounds is R times its per_round line (the allocator's own operator
 // new/delete, sized and aligned: the sizes as asked, its aligned new does
 // not round them).
-void cxx_under(const std::string& family) {
+void cxx_under(const std::string& family, bool inject = true) {
   MEMTRACE_REQUIRE_ROOT();
   const Lib& l = lib_of(family);
   if (access(l.path, R_OK) != 0) MEMTRACE_SKIP_OR_FAIL(std::string(l.path) + " missing (scripts/deps.txt)");
   const long R = 200;
   auto run = [&](long rounds, std::string* out) -> json {
     std::string rep = tmpfile("cxxpre");
-    ToolRun r = run_argv({"/usr/bin/env", std::string("LD_PRELOAD=") + l.path, MEMTRACE_BIN, "--format", "json", "-o",
-                          rep, "--inject", "--", CXX_NEW, "--rounds", std::to_string(rounds)});
+    std::vector<std::string> argv = {"/usr/bin/env", std::string("LD_PRELOAD=") + l.path, MEMTRACE_BIN, "--format",
+                                     "json", "-o", rep, "--", CXX_NEW, "--rounds", std::to_string(rounds)};
+    if (inject) argv.insert(argv.begin() + 7, "--inject");
+    ToolRun r = run_argv(argv);
     *out = r.out + r.err;
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.err.find("traced with uprobes instead"), std::string::npos) << r.err;
@@ -174,6 +177,9 @@ void cxx_under(const std::string& family) {
 TEST(InjectAllocators, CxxNewDeleteUnderPreloadedJemalloc) { cxx_under("jemalloc"); }
 TEST(InjectAllocators, CxxNewDeleteUnderPreloadedTcmalloc) { cxx_under("tcmalloc"); }
 TEST(InjectAllocators, CxxNewDeleteUnderPreloadedMimalloc) { cxx_under("mimalloc"); }
+TEST(InjectAllocators, CxxNewDeleteUnderPreloadedJemallocOnTheBpfPath) { cxx_under("jemalloc", false); }
+TEST(InjectAllocators, CxxNewDeleteUnderPreloadedTcmallocOnTheBpfPath) { cxx_under("tcmalloc", false); }
+TEST(InjectAllocators, CxxNewDeleteUnderPreloadedMimallocOnTheBpfPath) { cxx_under("mimalloc", false); }
 
 namespace {
 

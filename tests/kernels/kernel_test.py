@@ -41,6 +41,7 @@ SUITES = [  # (binary in the build tree, gtest filter)
     ("tests/loader/loader_integration_test", "*"),
     ("tests/faults/faults_test", "*"),
     ("tests/loader/loader_teardown_test", "*"),  # the guardian closes the links after the tool
+    ("tests/loader/loader_shared_uprobes_test", "*"),  # perf-event uprobes shared by every process
 ]
 
 TARGETS = [  # build-tree files the tests run, besides the suites
