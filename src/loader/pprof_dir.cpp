@@ -189,6 +189,14 @@ PprofDir::RoundStats PprofDir::round(const heap::HeapModel& m, const report::Res
       rs.between_us += us_since(tb);
     }
   }
+  // An image the model no longer lists (merged past --max-images, or gone
+  // with its sealing) has no file to come: its key goes too (a daemon over
+  // short processes added one a process, for good).
+  {
+    std::set<Key> listed;
+    for (const heap::Process* p : m.images()) listed.insert(key_of(*p));
+    for (auto it = done_.begin(); it != done_.end();) it = listed.count(*it) ? std::next(it) : done_.erase(it);
+  }
   rotate();
   uint64_t us = us_since(t0);
   round_us_max_ = std::max(round_us_max_, us);

@@ -679,7 +679,14 @@ void Resolver::forked(pid_t parent, pid_t child, uint64_t fork_ts) {
   }
 }
 
-void Resolver::forget(pid_t pid) { images_.erase(pid); }
+// Its image is sealed: nothing of pid is asked again but a JIT frame's name
+// (a process with a perf map keeps it). Its counts stay counted.
+void Resolver::forget(pid_t pid) {
+  images_.erase(pid);
+  if (auto it = jit_.find(pid); it != jit_.end() && !it->second.file.found()) jit_.erase(it);
+  never_captured_gone_ += never_captured_.erase(pid);
+  incomplete_gone_ += incomplete_.erase(pid);
+}
 
 const Resolver::Image* Resolver::image_of(const heap::Process& p) const {
   auto it = images_.find(p.pid);

@@ -191,9 +191,9 @@ class Resolver {
   };
   std::map<pid_t, Jit> jit_;  // perf maps by pid
   std::map<pid_t, std::vector<Image>> images_;  // by pid, in exec order
-  std::set<pid_t> never_captured_;
+  std::set<pid_t> never_captured_;  // of processes not forgotten yet
   std::set<pid_t> incomplete_;
-  std::set<pid_t> forked_;  // children read at their fork (their parent's mappings are theirs)
+  size_t never_captured_gone_ = 0, incomplete_gone_ = 0;  // of forgotten ones
   // Files by (dev, inode) as some process's maps named them: a gone
   // process's libraries are found here.
   std::map<std::pair<uint64_t, uint64_t>, std::string> paths_;
@@ -217,10 +217,10 @@ class Resolver {
  public:
   // Processes that exited before their mappings could be read (system-wide
   // mode does not stop new processes): their frames stay unsymbolized.
-  size_t never_captured() const { return never_captured_.size(); }
+  size_t never_captured() const { return never_captured_.size() + never_captured_gone_; }
   // Processes gone before a later read (a library mapped after the first
   // read): frames in that library stay unsymbolized.
-  size_t incomplete() const { return incomplete_.size(); }
+  size_t incomplete() const { return incomplete_.size() + incomplete_gone_; }
   // Of those, mappings rebuilt from the kernel's records (MT_EV_MAPFILE),
   // and such records whose file could not be found.
   size_t kernel_given() const { return kernel_given_; }
