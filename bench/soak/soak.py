@@ -17,7 +17,7 @@ Every --every seconds (30) a sample: the daemon's VmRSS, threads, fds, CPU
 seconds, the pprof dir's files and bytes, /metrics (memtrace_tool_resident_bytes,
 memtrace_dropped_total, memtrace_stat), the storm processes started and still
 running; every 5 s a scan of /proc for a redis-soak or soak_storm in state
-T/t (stopped): one seen stopped in two scans in a row is a stuck process.
+T/t (stopped): one seen stopped in every scan for 10 s is a stuck process.
 
 At the end: the storm stops, the daemon gets SIGINT (it must exit 0 and write
 its report), redis must still answer PING; a table and a verdict are printed
@@ -43,6 +43,7 @@ import urllib.request
 REDIS_COMM = "redis-soak"
 STORM_COMM = "soak_storm"
 WATCHED = (REDIS_COMM, STORM_COMM)
+STUCK_S = 10.0  # stopped this long without a break: stuck
 
 
 def free_port():
@@ -324,10 +325,14 @@ def main():
             break
         st = stopped_watched()
         stopped_seen = max(stopped_seen, len(st))
+        # Stopped since the first of the scans in a row that saw it so: stuck
+        # past STUCK_S (a process waits in the injection queue for seconds at
+        # most; two scans in a row were 5 s apart but for the last ones, a
+        # few ms apart, which made a queued process "stuck").
+        prev_stopped = {pid: prev_stopped.get(pid, now) for pid in st}
         for pid, comm in st.items():
-            if pid in prev_stopped:
-                stuck.setdefault(pid, {"comm": comm, "first_s": round(now - t0, 1)})
-        prev_stopped = st
+            if now - prev_stopped[pid] >= STUCK_S:
+                stuck.setdefault(pid, {"comm": comm, "first_s": round(prev_stopped[pid] - t0, 1)})
         if now >= next_sample or now >= end:
             try:
                 s = proc_status(daemon.pid)

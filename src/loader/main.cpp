@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
                "family from there instead of uprobes: in-process cost (docs/inject.md); its stacks walk the CFI "
                "tables in the process (MEMTRACE_INJECT_UNWIND=libunwind: libunwind's instead; =verify: both, "
                "compared on every stack)");
-  app.add_option("--inject-ring-mb", o.inject_ring_mb, "--inject: the agent's ring, MiB (default 64, a power of two)");
+  auto* ring_mb = app.add_option("--inject-ring-mb", o.inject_ring_mb,
+                                 "--inject: the agent's ring, MiB (a power of two; default 64, with --sample-bytes 4)");
   app.add_option("--sample-bytes", o.sample_bytes,
                  "Record one allocation per N bytes allocated on average (Poisson, per thread), weighted: every "
                  "figure an estimate (default 0: every call; 524288 for production). With --inject an unsampled "
@@ -193,6 +194,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (top) o.features.live_view = true;
+  // Sampled, the agent writes a record per sample: 4 MiB hold seconds of
+  // them, and each injection maps (MAP_POPULATE) and the tool allocates a
+  // sixteenth of the full trace's ring.
+  if (o.sample_bytes && !ring_mb->count()) o.inject_ring_mb = 4;
   o.stacks = !no_stacks;
   o.python_frames = *memtrace::python::parse_mode(python_frames);
   o.python_domain = python_domain == "on";
