@@ -126,15 +126,44 @@ static __always_inline bool free_recorded(__u64 addr)
 	return true;
 }
 
+static __always_inline int alloc_enter_record(struct pt_regs *ctx, __u32 role, int ret_at,
+					      struct mt_inflight *cur, __u64 stack_id, __u32 flags,
+					      __u64 pid_tgid, __u64 sp);
+
 static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_at, __u64 cookie)
 {
 	mt_task_t task = current_task();
 	__u64 pid_tgid = task_pid_tgid(task);
 	__u64 sp = PT_REGS_SP(ctx);
-	struct mt_inflight *cur, rec = {};
+	struct mt_inflight *cur;
+	__u64 stack_id;
 	__u32 flags = 0;
 	bool is_free = role == MT_ROLE_FREE || role == MT_ROLE_PY_FREE;
 
+#ifdef MT_CHAIN
+	{
+		/* The CFI chain this entry started (take_stack) is done: the
+		 * call goes on from its stack (unwind_chain.bpf.h). */
+		__u32 zero = 0;
+		struct mt_chain *st = bpf_map_lookup_elem(&unwind_chain, &zero);
+
+		if (st && st->state == MT_CHAIN_DONE) {
+			st->state = MT_CHAIN_IDLE;
+			if (st->pid_tgid == pid_tgid && st->probe_sp == sp && st->role == role) {
+				struct mt_stack *s = bpf_map_lookup_elem(&stack_scratch, &zero);
+				__u64 id;
+
+				cur = inflight_of(task, 0); /* (made before the walk) */
+				if (!cur || !s)
+					return 0;
+				flags = st->flags;
+				id = stack_send(s, &flags, pid_tgid);
+				alloc_enter_record(ctx, role, ret_at, cur, id, flags, pid_tgid, sp);
+				return 1; /* to mt_chain_start's caller, the entry that started the chain */
+			}
+		}
+	}
+#endif
 	if ((__u32)(pid_tgid >> 32) == self_pid || tracing_stopped)
 		return 0;
 
@@ -241,8 +270,26 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 				     .lr = PT_REGS_RET(ctx),
 #endif
 		};
-		rec.stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
+#ifdef MT_CHAIN
+		/* The compat object's CFI walk: 1 when the chain ran and its
+		 * resumed entry recorded this call (unwind_chain.bpf.h) */
+		if (capture_stacks && mt_chain_start(ctx, &r, ret_at, role))
+			return 0;
+#endif
+		stack_id = take_stack(&r, ret_at, &flags, pid_tgid);
 	}
+	return alloc_enter_record(ctx, role, ret_at, cur, stack_id, flags, pid_tgid, sp);
+}
+
+/* alloc_enter after the stack: the call's in-flight record (its return
+ * probe emits it), realloc's old block. */
+static __always_inline int alloc_enter_record(struct pt_regs *ctx, __u32 role, int ret_at,
+					      struct mt_inflight *cur, __u64 stack_id, __u32 flags,
+					      __u64 pid_tgid, __u64 sp)
+{
+	struct mt_inflight rec = {};
+
+	rec.stack_id = stack_id;
 	rec.flags = flags;
 	rec.sp = sp;
 	rec.role = role;
@@ -337,6 +384,34 @@ MT_ROLE_PROG(12)
 MT_ROLE_PROG(13)
 MT_ROLE_PROG(14)
 _Static_assert(MT_ROLE_COUNT == 15, "one mt_alloc_enter_R per role");
+
+#ifdef MT_CHAIN
+/* The CFI chain's walker (unwind_chain.bpf.h): MT_CHAIN_STEPS frames a run,
+ * then itself again, or the entry program of the role that started it. Its
+ * return value (or the resumed entry's) is mt_chain_start's. */
+SEC("uprobe")
+int mt_unwind_chain(struct pt_regs *ctx)
+{
+	__u32 zero = 0;
+	struct mt_chain *st = bpf_map_lookup_elem(&unwind_chain, &zero);
+
+	if (!st || st->state != MT_CHAIN_WALKING)
+		return 0;
+	mt_chain_steps(st);
+	if (!st->reason && st->hops < MT_CHAIN_HOPS) {
+		st->hops++;
+		bpf_tail_call(ctx, &unwind_chain_progs, MT_CHAIN_WALKER);
+	}
+	st->flags = mt_chain_finish(st);
+	st->state = MT_CHAIN_DONE;
+	bpf_tail_call(ctx, &unwind_chain_progs, st->role < MT_ROLE_COUNT ? st->role : 0);
+	/* (never: the loader fills every slot before it attaches) 0 to
+	 * mt_chain_start's caller: it walks frame pointers, records the call */
+	st->state = MT_CHAIN_IDLE;
+	count(MT_C_CHAIN_FALLBACK);
+	return 0;
+}
+#endif
 #endif
 
 SEC("uretprobe")

@@ -260,24 +260,13 @@ static __always_inline void fill_hdr(struct mt_hdr *h, __u32 kind, __u32 flags, 
 
 #include "python.bpf.h"
 
-/* Capture the current user stack, send it once, return its id (0: none). */
-static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __u32 *flags,
-					__u64 pid_tgid)
+/* The stack captured in s: counted, sent once; its id (0: none). */
+static __always_inline __u64 stack_send(struct mt_stack *s, __u32 *flags, __u64 pid_tgid)
 {
-	__u32 zero = 0;
-	struct mt_stack *s;
 	__u64 id, *sent;
 	__u32 slot, nr, py_nr;
 	__u8 one = 1;
 
-	if (!capture_stacks) {
-		*flags |= MT_F_NO_STACK;
-		return 0;
-	}
-	s = bpf_map_lookup_elem(&stack_scratch, &zero);
-	if (!s)
-		return 0;
-	*flags |= mt_capture_stack(r, ret_at, s);
 	if (*flags & MT_F_STACK_TRUNCATED)
 		count(MT_C_STACK_TRUNCATED);
 	if (s->nr == 0) {
@@ -315,6 +304,24 @@ static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __
 	if (sent)
 		*sent = id;
 	return id;
+}
+
+/* Capture the current user stack, send it once, return its id (0: none). */
+static __always_inline __u64 take_stack(const struct mt_uregs *r, int ret_at, __u32 *flags,
+					__u64 pid_tgid)
+{
+	__u32 zero = 0;
+	struct mt_stack *s;
+
+	if (!capture_stacks) {
+		*flags |= MT_F_NO_STACK;
+		return 0;
+	}
+	s = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!s)
+		return 0;
+	*flags |= mt_capture_stack(r, ret_at, s);
+	return stack_send(s, flags, pid_tgid);
 }
 
 static __always_inline void emit(__u32 kind, __u32 flags, __u64 pid_tgid, __u64 addr, __u64 size,

@@ -369,6 +369,7 @@ enum mt_counter {
 	MT_C_PY_READ_FAILED,    /* the thread state or a frame could not be read: Python frames lost */
 	MT_C_PY_CUT,            /* Python stack cut at MT_MAX_PY_FRAMES */
 	MT_C_PY_CODE_RINGBUF_FULL, /* MT_EV_PYCODE records that did not fit: frames of it named "?" */
+	MT_C_CHAIN_FALLBACK,    /* informational: a compat CFI chain (unwind_chain.bpf.h) could not resume its entry: frame-pointer stack */
 	MT_C_COUNT,
 };
 

@@ -25,6 +25,10 @@
 #define MT_RET_UNKNOWN (-1)
 
 #include "unwind.bpf.h"
+#if defined(MT_COMPAT) && defined(__TARGET_ARCH_x86)
+#include "unwind_chain.bpf.h"
+#define MT_CHAIN 1 /* CFI stacks through a chain of tail calls (5.10-5.16) */
+#endif
 
 static __always_inline __u64 mt_stack_hash(const struct mt_stack *s)
 {

@@ -51,6 +51,7 @@ static __always_inline struct mt_unwind_row *mt_row(__u32 idx)
 	return bpf_map_lookup_elem(rows, &i);
 }
 
+#ifndef MT_COMPAT /* (the compat object's searches: mt_bsearch_compat below) */
 static long mt_bsearch_map_step(__u64 i, void *arg)
 {
 	struct mt_bsearch *b = arg;
@@ -87,6 +88,74 @@ static long mt_bsearch_row_step(__u64 i, void *arg)
 		b->hi = mid;
 	return 0;
 }
+#endif
+
+#ifdef MT_COMPAT
+/* The compat object's searches: bounded loops whose lo and hi live in map
+ * memory, an unknown number to the verifier at each load, so that both
+ * halves of an iteration meet at the next one (kept on the stack, they were
+ * constants it followed exactly: 2^steps paths, 222k instructions for one
+ * frame step). */
+struct mt_bsearch_lohi {
+	__u32 lo, hi;
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_bsearch_lohi);
+} unwind_bsearch SEC(".maps");
+
+/* b->lo, b->hi: as the bpf_loop of mt_bsearch_row_step (rows) or
+ * mt_bsearch_map_step (b->proc's mappings) leaves them. */
+static __always_inline void mt_bsearch_compat(struct mt_bsearch *b, int rows, int steps)
+{
+	struct mt_bsearch_lohi *v;
+	__u32 zero = 0;
+
+	v = bpf_map_lookup_elem(&unwind_bsearch, &zero);
+	if (!v || (!rows && !b->proc)) {
+		b->lo = b->hi = 0;
+		return;
+	}
+	v->lo = b->lo;
+	v->hi = b->hi;
+	for (int i = 0; i < steps; i++) {
+		__u32 lo, hi, mid;
+		__u64 key;
+
+		asm volatile("" ::: "memory"); /* loads, not what clang knows was stored */
+		lo = v->lo;
+		hi = v->hi;
+
+		if (lo >= hi)
+			break;
+		mid = lo + (hi - lo) / 2;
+		if (rows) {
+			struct mt_unwind_row *r = mt_row(mid);
+			if (!r) {
+				v->lo = v->hi = 0;
+				break;
+			}
+			key = r->pc;
+		} else {
+			key = b->proc->m[mid & (MT_UNWIND_MAX_MAPPINGS - 1)].start;
+		}
+		if (key <= b->x)
+			v->lo = mid + 1;
+		else
+			v->hi = mid;
+	}
+	asm volatile("" ::: "memory");
+	b->lo = v->lo;
+	b->hi = v->hi;
+}
+#define MT_BSEARCH_ROWS(b) mt_bsearch_compat((b), 1, MT_UNWIND_ROW_STEPS)
+#define MT_BSEARCH_MAPS(b) mt_bsearch_compat((b), 0, MT_UNWIND_MAP_STEPS)
+#else
+#define MT_BSEARCH_ROWS(b) bpf_loop(MT_UNWIND_ROW_STEPS, mt_bsearch_row_step, (b), 0)
+#define MT_BSEARCH_MAPS(b) bpf_loop(MT_UNWIND_MAP_STEPS, mt_bsearch_map_step, (b), 0)
+#endif
 
 /* Row for pc in mapping m (which covers pc): fills *row, returns 0; -2 if
  * none. b: the caller's search state (one for both searches: the whole
@@ -108,7 +177,7 @@ static __always_inline int mt_unwind_rows_find(const struct mt_unwind_mapping *m
 	b->hi = first + m->nr_rows;
 	b->x = rel;
 	b->proc = 0;
-	bpf_loop(MT_UNWIND_ROW_STEPS, mt_bsearch_row_step, b, 0);
+	MT_BSEARCH_ROWS(b);
 	if (b->lo <= first)
 		return -2;
 	r = mt_row(b->lo - 1);
@@ -130,7 +199,7 @@ static __always_inline struct mt_unwind_mapping *mt_unwind_find_mapping(struct m
 		b->hi = MT_UNWIND_MAX_MAPPINGS;
 	b->x = pc;
 	b->proc = proc;
-	bpf_loop(MT_UNWIND_MAP_STEPS, mt_bsearch_map_step, b, 0);
+	MT_BSEARCH_MAPS(b);
 	if (b->lo == 0)
 		return 0;
 	m = &proc->m[(b->lo - 1) & (MT_UNWIND_MAX_MAPPINGS - 1)];
@@ -238,7 +307,7 @@ static __always_inline int mt_row_cache_put(struct mt_unwind_cache_ent *ce, __u6
  * it; the call (~10 ns) is paid on ~1% of frames. Fills *row, returns 0;
  * -1: no row; 1: no published mapping with rows covers lookup (the caller
  * asks mt_unwind_vma_miss; nothing cached). */
-__attribute__((noinline)) int mt_unwind_row_miss(struct mt_unwind_proc *proc, __u64 lookup,
+MT_GLOBAL int mt_unwind_row_miss(struct mt_unwind_proc *proc, __u64 lookup,
 						  __u32 gen, struct mt_unwind_row *row)
 {
 	__u32 slot = mt_row_cache_slot(lookup, gen);

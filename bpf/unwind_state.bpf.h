@@ -5,6 +5,17 @@
 #ifndef MT_UNWIND_STATE_BPF_H
 #define MT_UNWIND_STATE_BPF_H
 
+/* The unwinder's global functions (verified once, whatever their caller's
+ * state) and its bpf_loop loops. The compat object (5.10-5.16) has
+ * neither: before 5.12 a global function takes no pointer but ctx, and
+ * bpf_loop is 5.17; there they are static BPF functions, verified at each
+ * call, and bounded loops (unwind_rows.bpf.h, unwind_chain.bpf.h). */
+#ifdef MT_COMPAT
+#define MT_GLOBAL static __attribute__((noinline))
+#else
+#define MT_GLOBAL __attribute__((noinline))
+#endif
+
 /* Stack id: FNV-style hash of ips[0..nr), innermost first (0 -> 1). */
 #define MT_HASH_SEED 0xcbf29ce484222325ULL
 static __always_inline __u64 mt_hash_step(__u64 h, __u64 ip)
@@ -321,7 +332,7 @@ static __always_inline __u64 mt_win_start(__u64 floor, __u64 addr)
 /* 16 bytes of user memory at addr into *dst (0, or -1: unreadable). A
  * global function: verified once, so its branches do not multiply the
  * unwind step's paths. */
-__attribute__((noinline)) int mt_uread16(struct mt_unwind_win *w, __u64 addr,
+MT_GLOBAL int mt_uread16(struct mt_unwind_win *w, __u64 addr,
 					 struct mt_unwind_pair *dst)
 {
 	__u64 off, len, start;

@@ -86,7 +86,15 @@ static __always_inline long mt_unwind_push(struct mt_unwind_ctx *c, __u64 ra, __
 		c->reason = MT_UC_TRUNC_DEPTH;
 		return 1;
 	}
-	c->out->ips[c->n & (MT_MAX_FRAMES - 1)] = ra;
+	{
+		__u32 i = c->n;
+#ifdef MT_COMPAT
+		/* (else clang drops the mask after the check above and forms
+		 * the address before it: "unbounded memory access") */
+		asm volatile("" : "+r"(i));
+#endif
+		c->out->ips[i & (MT_MAX_FRAMES - 1)] = ra;
+	}
 	c->n++;
 	mt_memo_frame(c);
 	c->h = mt_hash_step(c->h, ra);
@@ -125,8 +133,10 @@ static __always_inline long mt_unwind_step(struct mt_unwind_ctx *c)
 			mt_unwind_count(MT_UC_COUNT + 2);
 #endif
 			int rm = mt_unwind_row_miss(c->proc, lookup, c->gen, &row);
+#ifndef MT_COMPAT /* (bpf_find_vma is 5.17: a pc of no published mapping has no row) */
 			if (rm == 1)
 				rm = mt_unwind_vma_miss(lookup, c->gen, &row);
+#endif
 			if (rm != 0)
 				row.kind = MT_CFA_NONE;
 			ce->pc = lookup;

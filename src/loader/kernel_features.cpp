@@ -240,8 +240,15 @@ std::vector<std::string> describe(const KernelFeatures& k) {
     choice(false, "uprobe attach", "",
            "one perf-event uprobe per probe and process, one program per allocator function, probes where the "
            "return address is at [rsp]");
+#if defined(__x86_64__)
+  // Before 5.17 the same tables walk in a chain of tail calls (bpf/unwind_chain.bpf.h).
+  choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF (frame loop: bpf_loop)",
+         "complete, CFI (.eh_frame) unwinding in BPF, the frame loop a chain of tail calls (no bpf_loop before "
+         "5.17); the mmap family's stacks frame pointers");
+#else
   choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
          "frame pointers only (the CFI unwinder's frame loop needs bpf_loop, 5.17)");
+#endif
   choice(choose_syscall_fexit(k), "system calls",
          "fexit on " MT_SYS_PREFIX "mmap/munmap/mremap/brk and schedule_tail (no syscalls:* tracepoint: other system "
          "calls keep their fast path)",

@@ -151,10 +151,19 @@ Result<void> Tracer::load() {
     kernel_notes_.push_back("kernel " + kf_.release + ": the BPF programs for kernels before 5.17 (it lacks " +
                             (kf_.full_bpf() ? std::string("nothing: MEMTRACE_BPF_VARIANT=compat") : kf_.full_bpf_missing()) +
                             ")");
+#if defined(__x86_64__)
+    // The CFI walk's frame loop is a chain of tail calls there (bpf/unwind_chain.bpf.h).
+    if (o_.stacks && o_.cfi) {
+      cfi_chain_ = true;
+      kernel_notes_.push_back("stacks: CFI through a chain of tail calls (kernel " + kf_.release +
+                              " has no bpf_loop); the mmap family's stacks frame pointers");
+    }
+#else
     if (o_.stacks && o_.cfi) {
       o_.cfi = false;
       kernel_notes_.push_back("stacks: frame pointers only (the CFI unwinder needs bpf_loop, kernel 5.17)");
     }
+#endif
     if (o_.faults)
       kernel_notes_.push_back("page faults: not checked against their VMA (bpf_find_vma needs kernel 5.17): "
                               "faults that end in SIGSEGV are not flagged");
@@ -263,6 +272,8 @@ Result<void> Tracer::load() {
   // on while the tool attaches, and only an attach of uprobes waits for it.
   bool defer = parallel && o_.inject && !getenv("MEMTRACE_NO_DEFER");
   if (auto r = load_objects(objs_, full_bpf_, parallel, defer); !r) return r;
+  if (!defer)
+    if (auto r = fill_cfi_chain(); !r) return r;
   phase("load: BPF maps created, programs verified");
   if (o_.sample_bytes && !o_.inject)
     if (auto r = fill_sample_gaps(bpf_map__fd(skel_->maps.sample_gaps), o_.sample_bytes); !r) return r;
@@ -333,13 +344,40 @@ Result<void> Tracer::load() {
       enter.push_back(p);
     }
   attacher_ = std::make_unique<Attacher>(std::move(enter), up->progs.mt_alloc_exit, attach_mode_, o_.allocator);
-  if (defer) attacher_->set_ready([this] { return wait_uprobes(objs_); });
+  if (defer)
+    attacher_->set_ready([this]() -> Result<void> {
+      if (auto r = wait_uprobes(objs_); !r) return r;
+      return fill_cfi_chain();
+    });
   if (cfi) {
     auto u = unwind::UnwindMaps::create(skel_->maps.unwind_shards, skel_->maps.unwind_procs,
                                         skel_->maps.unwind_epoch, o_.unwind_mb << 20);
     if (!u) return u.error();
     unwind_ = std::move(*u);
     unwind_->set_files_map(bpf_map__fd(skel_->maps.unwind_files));
+  }
+  return {};
+}
+
+// The compat object's CFI chain (bpf/unwind_chain.bpf.h): its program array
+// holds each allocator role's entry program (slot R) and the walker (slot
+// MT_ROLE_COUNT), all of the object that loaded them. Filled before any
+// probe is attached.
+Result<void> Tracer::fill_cfi_chain() {
+  if (!cfi_chain_) return {};
+  memtrace_bpf* up = objs_.uprobe_object();
+  bpf_map* m = bpf_object__find_map_by_name(up->obj, "unwind_chain_progs");
+  bpf_program* walker = bpf_object__find_program_by_name(up->obj, "mt_unwind_chain");
+  if (!m || !walker) return Error::msg("the compat BPF object has no CFI chain (unwind_chain_progs, mt_unwind_chain)");
+  for (uint32_t slot = 0; slot <= MT_ROLE_COUNT; slot++) {
+    std::string name = slot == MT_ROLE_COUNT ? "mt_unwind_chain"
+                       : slot == 0           ? "mt_alloc_enter"
+                                             : "mt_alloc_enter_" + std::to_string(slot);
+    bpf_program* p = bpf_object__find_program_by_name(up->obj, name.c_str());
+    int fd = p ? bpf_program__fd(p) : -1;
+    if (fd < 0) return Error::msg("CFI chain: BPF program " + name + " is not loaded");
+    if (bpf_map_update_elem(bpf_map__fd(m), &slot, &fd, BPF_ANY))
+      return Error::sys("CFI chain: put " + name + " in unwind_chain_progs");
   }
   return {};
 }

@@ -131,6 +131,7 @@ class Tracer {
   };
 
   Result<void> load();
+  Result<void> fill_cfi_chain();
   Result<void> setup_targets();
   // One read of a process's /proc/PID/maps for one event, handed to every
   // part that needs it (resolver, unwinder, attacher, recording): made on
@@ -202,6 +203,7 @@ class Tracer {
   KernelFeatures kf_;
   bool full_bpf_ = true;  // the full BPF object, else the compat one (kernel_features.h)
   bool syscall_fexit_ = false;  // mmap family and fork child on fentry/fexit, not syscalls:* tracepoints
+  bool cfi_chain_ = false;  // compat object with CFI stacks: the walker is a chain of tail calls (fill_cfi_chain)
   AttachMode attach_mode_ = AttachMode::UprobeMulti;
   bool shared_uprobes_ = false;  // perf-event uprobes: shared events (shared_uprobes.h)
   std::vector<std::string> kernel_notes_;  // fallbacks this kernel needs, shown in the report

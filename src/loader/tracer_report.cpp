@@ -47,13 +47,14 @@ const char* counter_name(int c) {
     case MT_C_PY_READ_FAILED: return "python_frames_unreadable";
     case MT_C_PY_CUT: return "python_frames_cut";
     case MT_C_PY_CODE_RINGBUF_FULL: return "python_code_ringbuf";
+    case MT_C_CHAIN_FALLBACK: return "cfi_chain_fallbacks";
   }
   return "?";
 }
 
 bool counter_is_loss(int c) {
   return c != MT_C_NESTED && c != MT_C_FAULTS_FILTERED && c != MT_C_STACK_TRUNCATED &&
-         c != MT_C_FAULT_VMA_BUSY && c != MT_C_PY_NO_TSTATE;
+         c != MT_C_FAULT_VMA_BUSY && c != MT_C_PY_NO_TSTATE && c != MT_C_CHAIN_FALLBACK;
 }
 
 }  // namespace
@@ -227,6 +228,7 @@ nlohmann::json Tracer::kernel_json() const {
               : shared_uprobes_                       ? "perf_event_shared"
                                                       : "perf_event"},
           {"stacks", !o_.stacks ? "none" : o_.cfi ? "cfi" : "frame_pointers"},
+          {"stack_walker", !o_.stacks ? "none" : !o_.cfi ? "frame_pointers" : cfi_chain_ ? "tail_calls" : "bpf_loop"},
           {"inflight", full_bpf_ ? "task_storage" : "hash"},
           {"syscalls", syscall_fexit_ ? "fexit" : "tracepoint"},
           {"exit", kf_.exit_group_dead ? "group_dead" : "signal_live"},

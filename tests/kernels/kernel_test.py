@@ -227,7 +227,7 @@ echo "@@BEGIN static.SystemWide"
 $TOOL --format json -o /tmp/sw.json 2>/tmp/sw.err &
 tool=$!
 i=0
-while ! grep -q tracing /tmp/sw.err && [ $i -lt 600 ]; do sleep 1; i=$((i + 1)); done
+while ! grep -qs tracing /tmp/sw.err && [ $i -lt 600 ]; do sleep 1; i=$((i + 1)); done
 $STATIC --rounds 20 > /tmp/sw20.out & p20=$!; wait $p20
 $STATIC --rounds 0 > /tmp/sw0.out & p0=$!; wait $p0
 $STRIPPED --rounds 1 > /dev/null
