@@ -149,7 +149,8 @@ static __always_inline int alloc_enter(struct pt_regs *ctx, __u32 role, int ret_
 
 		if (st && st->state == MT_CHAIN_DONE) {
 			st->state = MT_CHAIN_IDLE;
-			if (st->pid_tgid == pid_tgid && st->probe_sp == sp && st->role == role) {
+			if (st->kind == MT_CHAIN_ALLOC && st->pid_tgid == pid_tgid && st->probe_sp == sp &&
+			    st->role == role) {
 				struct mt_stack *s = bpf_map_lookup_elem(&stack_scratch, &zero);
 				__u64 id;
 
@@ -395,15 +396,13 @@ int mt_unwind_chain(struct pt_regs *ctx)
 	__u32 zero = 0;
 	struct mt_chain *st = bpf_map_lookup_elem(&unwind_chain, &zero);
 
-	if (!st || st->state != MT_CHAIN_WALKING)
+	if (!st || st->state != MT_CHAIN_WALKING || st->kind != MT_CHAIN_ALLOC)
 		return 0;
-	mt_chain_steps(st);
-	if (!st->reason && st->hops < MT_CHAIN_HOPS) {
-		st->hops++;
+	if (mt_chain_run(st)) {
 		bpf_tail_call(ctx, &unwind_chain_progs, MT_CHAIN_WALKER);
+		st->flags = mt_chain_finish(st); /* (no tail call left: cut here) */
+		st->state = MT_CHAIN_DONE;
 	}
-	st->flags = mt_chain_finish(st);
-	st->state = MT_CHAIN_DONE;
 	bpf_tail_call(ctx, &unwind_chain_progs, st->role < MT_ROLE_COUNT ? st->role : 0);
 	/* (never: the loader fills every slot before it attaches) 0 to
 	 * mt_chain_start's caller: it walks frame pointers, records the call */

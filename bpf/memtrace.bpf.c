@@ -16,7 +16,8 @@
  * -DMT_COMPAT one for kernels before 5.17 (5.10 .. 5.16) that uses none of
  * bpf_loop, bpf_find_vma, BPF cookies, task storage, bpf_get_current_task_btf
  * or bpf_task_pt_regs: one entry program per allocator role, in-flight calls
- * in a tid-keyed hash, frame-pointer stacks, faults without the VMA check.
+ * in a tid-keyed hash, CFI stacks through a chain of tail calls
+ * (unwind_chain.bpf.h; frame pointers on arm64), faults without the VMA check.
  * Both define the same maps, programs and read-only variables in the same
  * order (the loader opens either through one skeleton). */
 #include "vmlinux.h"

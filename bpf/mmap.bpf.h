@@ -163,12 +163,25 @@ static __always_inline void map_event_lib(__u64 pid_tgid, __u64 start, __u64 len
 	bpf_ringbuf_submit(e, 0);
 }
 
+/* The record of an mmap, and what follows it for executable mappings. In
+ * the compat object a BPF function of its own: its locals stay out of
+ * mt_exit_mmap's frame, which must be under 256 bytes for the CFI chain's
+ * tail calls from mt_chain_start_mmap (the verifier's rule for tail calls
+ * from BPF functions). */
+#ifdef MT_CHAIN
+#define MT_MMAP_RECORD static __attribute__((noinline)) int
+#else
+#define MT_MMAP_RECORD static __always_inline int
+#endif
+MT_MMAP_RECORD mmap_record(__u64 pid_tgid, __u64 ret, const struct mt_sysargs *args, __u32 flags,
+			   __u64 stack_id);
+
 /* The end of a traced mmap: the record, and for executable file mappings the
  * loader told (system-wide) or the process stopped for it. Shared by the
- * system-call tracepoint and the fexit program. */
-static __always_inline void mmap_done(__u64 pid_tgid, __u64 ret, struct mt_sysargs args)
+ * system-call tracepoint (tp_ctx: its context, where the compat object's
+ * CFI chain starts) and the fexit program (tp_ctx null). */
+static __always_inline void mmap_done(void *tp_ctx, __u64 pid_tgid, __u64 ret, struct mt_sysargs args)
 {
-	__u32 tgid = pid_tgid >> 32;
 	__u32 flags = 0;
 	__u64 stack_id = 0;
 
@@ -179,8 +192,26 @@ static __always_inline void mmap_done(__u64 pid_tgid, __u64 ret, struct mt_sysar
 	else if (!((__s32)args.a3 >= 0) || /* anonymous direct mapping: keep its stack */
 		 !(args.a1 & PROT_EXEC)) {
 		struct mt_uregs r = user_regs(pid_tgid);
+#ifdef MT_CHAIN
+		/* 1: the chain ran and its resumed mt_exit_mmap recorded the call */
+		if (tp_ctx && capture_stacks && mt_chain_start_mmap(tp_ctx, &r, &args, ret))
+			return;
+#endif
 		stack_id = take_stack(&r, MT_RET_UNKNOWN, &flags, pid_tgid);
 	}
+	mmap_record(pid_tgid, ret, &args, flags, stack_id);
+}
+
+MT_MMAP_RECORD mmap_record(__u64 pid_tgid, __u64 ret, const struct mt_sysargs *a, __u32 flags,
+			   __u64 stack_id)
+{
+	__u32 tgid = pid_tgid >> 32;
+	struct mt_sysargs args;
+
+	if (!a)
+		return 0;
+	args = *a;
+
 	emit(MT_EV_MMAP, flags, pid_tgid, ret, args.a0, 0, (args.a1 << 32) | (args.a2 & 0xffffffff),
 	     stack_id, 0, (__u32)args.a3);
 
@@ -202,6 +233,7 @@ static __always_inline void mmap_done(__u64 pid_tgid, __u64 ret, struct mt_sysar
 			  (t->state == MT_TS_TRACED && !(t->follow & MT_FOLLOW_NO_STOP))))
 			proc_event(MT_EV_LIBMAP, MT_F_STOPPED, pid_tgid, 0, 0, ret, args.a0);
 	}
+	return 0;
 }
 
 SEC("tracepoint/syscalls/sys_exit_mmap")
@@ -210,10 +242,56 @@ int mt_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct mt_sysargs args;
 
+#ifdef MT_CHAIN
+	{
+		/* The CFI chain this exit started is done: the record with
+		 * its stack (unwind_chain.bpf.h) */
+		__u32 zero = 0;
+		struct mt_chain *st = bpf_map_lookup_elem(&unwind_chain, &zero);
+
+		if (st && st->state == MT_CHAIN_DONE) {
+			st->state = MT_CHAIN_IDLE;
+			if (st->kind == MT_CHAIN_MMAP && st->pid_tgid == pid_tgid) {
+				struct mt_stack *s = bpf_map_lookup_elem(&stack_scratch, &zero);
+				__u32 flags = st->flags;
+				__u64 id;
+
+				if (!s)
+					return 0;
+				id = stack_send(s, &flags, pid_tgid);
+				mmap_record(pid_tgid, st->ret, &st->args, flags, id);
+				return 1; /* to mt_chain_start_mmap's caller */
+			}
+		}
+	}
+#endif
 	if (take_args((__u32)pid_tgid, &args))
-		mmap_done(pid_tgid, ctx->ret, args);
+		mmap_done(ctx, pid_tgid, ctx->ret, args);
 	return 0;
 }
+
+#ifdef MT_CHAIN
+/* The CFI chain's walker for mmap's stacks (unwind_chain.bpf.h), a
+ * tracepoint program as mt_exit_mmap is (never attached: tail-called). */
+SEC("tracepoint/syscalls/sys_exit_mmap")
+int mt_unwind_chain_mmap(void *ctx)
+{
+	__u32 zero = 0;
+	struct mt_chain *st = bpf_map_lookup_elem(&unwind_chain, &zero);
+
+	if (!st || st->state != MT_CHAIN_WALKING || st->kind != MT_CHAIN_MMAP)
+		return 0;
+	if (mt_chain_run(st)) {
+		bpf_tail_call(ctx, &unwind_chain_progs_tp, MT_CHAIN_MMAP_WALKER);
+		st->flags = mt_chain_finish(st); /* (no tail call left: cut here) */
+		st->state = MT_CHAIN_DONE;
+	}
+	bpf_tail_call(ctx, &unwind_chain_progs_tp, MT_CHAIN_MMAP_RESUME);
+	st->state = MT_CHAIN_IDLE; /* (never) the exit walks frame pointers */
+	count(MT_C_CHAIN_FALLBACK);
+	return 0;
+}
+#endif
 
 SEC("tracepoint/syscalls/sys_enter_munmap")
 int mt_enter_munmap(struct trace_event_raw_sys_enter *ctx)
@@ -314,7 +392,7 @@ int BPF_PROG(mt_fexit_mmap, const struct pt_regs *regs, long ret)
 			       .internal = in_allocator((__u32)pid_tgid)};
 	if (system_wide)
 		a.pgoff_pages = SYS_A5(regs) >> 12;
-	mmap_done(pid_tgid, ret, a);
+	mmap_done(0, pid_tgid, ret, a);
 	return 0;
 }
 

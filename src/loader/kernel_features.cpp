@@ -244,7 +244,7 @@ std::vector<std::string> describe(const KernelFeatures& k) {
   // Before 5.17 the same tables walk in a chain of tail calls (bpf/unwind_chain.bpf.h).
   choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF (frame loop: bpf_loop)",
          "complete, CFI (.eh_frame) unwinding in BPF, the frame loop a chain of tail calls (no bpf_loop before "
-         "5.17); the mmap family's stacks frame pointers");
+         "5.17)");
 #else
   choice(full, "stacks", "complete, CFI (.eh_frame) unwinding in BPF",
          "frame pointers only (the CFI unwinder's frame loop needs bpf_loop, 5.17)");

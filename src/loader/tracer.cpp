@@ -155,8 +155,7 @@ Result<void> Tracer::load() {
     // The CFI walk's frame loop is a chain of tail calls there (bpf/unwind_chain.bpf.h).
     if (o_.stacks && o_.cfi) {
       cfi_chain_ = true;
-      kernel_notes_.push_back("stacks: CFI through a chain of tail calls (kernel " + kf_.release +
-                              " has no bpf_loop); the mmap family's stacks frame pointers");
+      kernel_notes_.push_back("stacks: CFI through a chain of tail calls (kernel " + kf_.release + " has no bpf_loop)");
     }
 #else
     if (o_.stacks && o_.cfi) {
@@ -258,6 +257,9 @@ Result<void> Tracer::load() {
   bpf_program__set_autoload(skel_->progs.mt_exit_fork, false);
   bpf_program__set_autoload(skel_->progs.mt_exit_vfork, false);
 #endif
+  // The compat object's CFI chain (fill_cfi_chain): its walkers only when it runs.
+  for (const char* n : {"mt_unwind_chain", "mt_unwind_chain_mmap"})
+    if (bpf_program* p = bpf_object__find_program_by_name(skel_->obj, n)) bpf_program__set_autoload(p, cfi_chain_);
   prepare_programs(skel_->progs.mt_alloc_enter, skel_->progs.mt_alloc_exit, attach_mode_);
   // The two programs with the unwinder verified at the same time
   // (bpf_object.h; MEMTRACE_SERIAL_LOAD=1: one after the other, for A/B).
@@ -378,6 +380,20 @@ Result<void> Tracer::fill_cfi_chain() {
     if (fd < 0) return Error::msg("CFI chain: BPF program " + name + " is not loaded");
     if (bpf_map_update_elem(bpf_map__fd(m), &slot, &fd, BPF_ANY))
       return Error::sys("CFI chain: put " + name + " in unwind_chain_progs");
+  }
+  // mmap's exit, a tracepoint program: its own array (slot 0 the exit, 1 its walker)
+  memtrace_bpf* mo = objs_.mmap ? objs_.mmap : skel_;
+  bpf_map* tp = bpf_object__find_map_by_name(skel_->obj, "unwind_chain_progs_tp");
+  bpf_program* exit = bpf_object__find_program_by_name(mo->obj, "mt_exit_mmap");
+  bpf_program* tw = bpf_object__find_program_by_name(skel_->obj, "mt_unwind_chain_mmap");
+  if (!tp || !exit || !tw) return Error::msg("the compat BPF object has no CFI chain for mmap (unwind_chain_progs_tp)");
+  uint32_t slot = 0;
+  for (bpf_program* p : {exit, tw}) {
+    int fd = bpf_program__fd(p);
+    if (fd < 0) return Error::msg(std::string("CFI chain: BPF program ") + bpf_program__name(p) + " is not loaded");
+    if (bpf_map_update_elem(bpf_map__fd(tp), &slot, &fd, BPF_ANY))
+      return Error::sys(std::string("CFI chain: put ") + bpf_program__name(p) + " in unwind_chain_progs_tp");
+    slot++;
   }
   return {};
 }

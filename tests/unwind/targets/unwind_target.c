@@ -3,7 +3,7 @@
  * makes exactly one allocation of UNW_MARK bytes through a known chain; the
  * test compares the BPF stack of that malloc with gdb's `bt`.
  *
- *   unwind_target MODE      MODE: chain | qsort | shlib | thread | recurse | memo
+ *   unwind_target MODE      MODE: chain | qsort | shlib | thread | recurse | memo | mmap
  *   unwind_target recurse [DEPTH [TIMES]]   recursion DEPTH deep (default 200),
  *                           TIMES allocations from there (default 1; the others freed)
  *
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define UNW_MARK 123457
@@ -44,6 +45,16 @@ NOINL void *c3(size_t n)
 	return p;
 }
 NOINL void *c2(size_t n) { void *p = c3(n); sink += 2; return p; }
+/* mmap: an anonymous mapping of UNW_MAP_PAGES pages through two frames
+ * without frame pointers (the mmap family's stacks) */
+#define UNW_MAP_PAGES 29
+NOINL void *mm2(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	sink += 3;
+	return p == MAP_FAILED ? NULL : p;
+}
+NOINL void *mm1(size_t n) { void *p = mm2(n + sink * 0); sink += 1; return p; }
 NOINL void *c1(size_t n) { void *p = c2(n); sink += 1; return p; }
 
 static int calls;
@@ -114,6 +125,10 @@ NOINL void run(const char *mode)
 		for (int i = 0; i < 64; i++)
 			v[i] = (i * 37) % 64;
 		qsort(v, 64, sizeof(int), cmp_ints);
+	} else if (!strcmp(mode, "mmap")) {
+		keep = mm1(UNW_MAP_PAGES * 4096);
+		for (int i = 0; keep && i < UNW_MAP_PAGES; i++) /* one write fault per page (--faults) */
+			((volatile char *)keep)[i * 4096] = 1;
 	} else if (!strcmp(mode, "shlib")) {
 		keep = lib_entry(UNW_MARK);
 	} else if (!strcmp(mode, "thread")) {
