@@ -473,24 +473,30 @@ Result<Link> perf_uprobe(bpf_program* prog, const std::string& path, pid_t pid, 
     pfd = static_cast<int>(syscall(__NR_perf_event_open, &attr, pid, -1, -1, PERF_FLAG_FD_CLOEXEC));
   }
   if (pfd < 0) return fail("perf_event_open", errno);
-  Link l{-1, pfd};
-  if (with_cookie) {
-    LIBBPF_OPTS(bpf_link_create_opts, o, .perf_event = {.bpf_cookie = cookie});
-    l.fd = bpf_link_create(bpf_program__fd(prog), pfd, BPF_PERF_EVENT, &o);
-    if (l.fd < 0) {
-      int err = errno;
-      close(pfd);
-      return fail("attach BPF program to", err);
-    }
-  } else if (ioctl(pfd, PERF_EVENT_IOC_SET_BPF, bpf_program__fd(prog)) || ioctl(pfd, PERF_EVENT_IOC_ENABLE, 0)) {
-    int err = errno;
-    close(pfd);
-    return fail("attach BPF program to", err);
-  }
+  auto l = attach_to_perf_event(prog, pfd, cookie, with_cookie);
+  if (!l) return fail("attach BPF program to", l.error().err);
   return l;
 }
 
 }  // namespace
+
+Result<Link> attach_to_perf_event(bpf_program* prog, int pfd, uint64_t cookie, bool with_cookie) {
+  Link l{-1, pfd};
+  bool ok;
+  if (with_cookie) {
+    LIBBPF_OPTS(bpf_link_create_opts, o, .perf_event = {.bpf_cookie = cookie});
+    l.fd = bpf_link_create(bpf_program__fd(prog), pfd, BPF_PERF_EVENT, &o);
+    ok = l.fd >= 0;
+  } else {
+    ok = !ioctl(pfd, PERF_EVENT_IOC_SET_BPF, bpf_program__fd(prog)) && !ioctl(pfd, PERF_EVENT_IOC_ENABLE, 0);
+  }
+  if (!ok) {
+    int err = errno;
+    close(pfd);
+    return Error::sys("attach BPF program to a perf event", err);
+  }
+  return l;
+}
 
 void prepare_programs(bpf_program* enter, bpf_program* exit, AttachMode mode) {
   if (mode != AttachMode::UprobeMulti) return;

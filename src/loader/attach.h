@@ -67,6 +67,10 @@ struct Link {
   int perf_fd = -1;  // perf event (perf-event uprobes)
 };
 void detach_async(std::vector<Link> links, bool urgent);
+// prog on the perf event pfd (a uprobe's): through a BPF link that carries
+// the cookie (5.15), or PERF_EVENT_IOC_SET_BPF where there are no cookies
+// (5.10). The Link, or the errno (pfd closed).
+Result<Link> attach_to_perf_event(bpf_program* prog, int pfd, uint64_t cookie, bool with_cookie);
 // Perf-event uprobes closed during the run: the time in their closes and
 // the sets (processes, images) they were (STATS uprobe_detach_us, _sets).
 struct DetachStats {

@@ -162,23 +162,11 @@ Result<Link> open_for(pid_t pid, const std::string& path, uint64_t dev, uint64_t
     int cfd = perf_open(id, carrier_target());
     if (cfd < 0 && carrier_target() != getpid()) cfd = perf_open(id, getpid());
     if (cfd < 0) return made(Error::sys("perf_event_open the shared " + where()));
-    Link c{-1, cfd};
-    if (with_cookie) {
-      LIBBPF_OPTS(bpf_link_create_opts, o, .perf_event = {.bpf_cookie = cookie});
-      c.fd = bpf_link_create(bpf_program__fd(prog), cfd, BPF_PERF_EVENT, &o);
-      if (c.fd < 0) {
-        int e = errno;
-        close(cfd);
-        return made(Error::sys("attach BPF program to the shared " + where(), e));
-      }
-    } else if (ioctl(cfd, PERF_EVENT_IOC_SET_BPF, bpf_program__fd(prog)) || ioctl(cfd, PERF_EVENT_IOC_ENABLE, 0)) {
-      int e = errno;
-      close(cfd);
-      return made(Error::sys("attach BPF program to the shared " + where(), e));
-    }
+    auto c = attach_to_perf_event(prog, cfd, cookie, with_cookie);
+    if (!c) return made(Error::sys("attach BPF program to the shared " + where(), c.error().err));
     ev.name = name;
     ev.id = id;
-    ev.carrier = c;
+    ev.carrier = *c;
   }
   auto fail = [&](int err) { return Error::sys("perf_event_open " + where() + " for pid " + std::to_string(pid), err); };
   if (ev.refused) return fail(ev.refused);
