@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -87,10 +88,23 @@ try:
     i = argv.index("--pprof-every")
     argv[i + 1] = "1"
     print("daemon: " + " ".join(argv))
-    d = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # its start-up (BPF load)
-    if d.poll() is not None:
-        fail("the daemon exited at once (%d): %s" % (d.returncode, d.stderr.read()))
+    d = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its start-up (BPF load): until it says it is tracing. (A fixed 3 s was
+    # short under CI's load: the program, started before the daemon traced
+    # execs, was found running and its first blocks never seen, -30%.)
+    err_lines, ready = [], threading.Event()
+
+    def read_err():
+        for line in d.stderr:
+            err_lines.append(line)
+            if "tracing" in line:
+                ready.set()
+        ready.set()  # (ended)
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
+    ready.wait(120)
+    if d.poll() is not None or not any("tracing" in l for l in err_lines):
+        fail("the daemon is not tracing after 120 s (exit %s): %s" % (d.poll(), "".join(err_lines)[-3000:]))
     size, every, seconds = 262144, 10, 4
     p = subprocess.Popen([target, "--seconds", str(seconds), "--every-ms", str(every), "--size", str(size)],
                          stdout=subprocess.PIPE, text=True)
@@ -102,10 +116,12 @@ try:
     pprofs = [f for f in os.listdir(os.path.join(state, "pprof")) if f.startswith(os.path.basename(target)[:15] + "-")]
     d.send_signal(signal.SIGINT)  # the unit's KillSignal
     try:
-        _, err = d.communicate(timeout=60)
+        d.wait(timeout=60)
     except subprocess.TimeoutExpired:
         d.kill()
         fail("the daemon did not end within TimeoutStopSec (60 s) of SIGINT")
+    reader.join(10)
+    err = "".join(err_lines)
     if d.returncode != 0:
         fail("the daemon's exit %d: %s" % (d.returncode, err[-3000:]))
     if "uprobes instead" in err:
