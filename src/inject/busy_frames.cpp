@@ -52,7 +52,7 @@ Result<BusyCode> busy_code(pid_t pid, const std::vector<procfs::Mapping>* given)
     if (!libc && m.file() && (b.rfind("libc.so", 0) == 0 || b.rfind("libc-2", 0) == 0)) libc = &m;
   }
   if (!libc) return out;
-  auto elf = elf::ElfFile::open("/proc/" + std::to_string(pid) + "/root" + libc->path);
+  auto elf = elf::ElfFile::open(procfs::openable_path(pid, *libc));
   if (!elf) return elf.error();
   auto runtime = [&](uint64_t vaddr) -> uint64_t {
     auto off = elf->vaddr_to_offset(vaddr);
@@ -172,7 +172,7 @@ const BusyFrames::Module& BusyFrames::module_of(const procfs::Mapping& m, int me
     char mf[96];
     snprintf(mf, sizeof mf, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, pid_, m.start, m.end);
     fd.reset(::open(mf, O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) fd.reset(::open(("/proc/" + std::to_string(pid_) + "/root" + m.path).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) fd.reset(::open(procfs::openable_path(pid_, m).c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) {
       mod.error = base_name(m.path) + " could not be opened";
       return mod;

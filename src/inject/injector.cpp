@@ -427,8 +427,7 @@ Result<uint64_t> function_in(pid_t pid, const std::function<bool(const procfs::M
       break;
     }
   if (!obj) return Error::msg("pid " + std::to_string(pid) + " maps no " + what);
-  std::string file = "/proc/" + std::to_string(pid) + "/root" + obj->path;
-  auto elf = elf::ElfFile::open(file);
+  auto elf = elf::ElfFile::open(procfs::openable_path(pid, *obj));
   if (!elf) return elf.error();
   auto sym = elf->find_function(name);
   if (!sym) return Error::msg(obj->path + " defines no " + name);
@@ -475,16 +474,33 @@ Result<void> can_inject(pid_t pid) {
     if (line.rfind("Seccomp:", 0) == 0 && atoi(line.c_str() + 8) != 0)
       return Error::msg(who + " runs under seccomp (mode " + std::to_string(atoi(line.c_str() + 8)) +
                         "): the agent's syscalls could be refused or kill it");
-  // A chroot's or a container's process: the agent's file and its ring
-  // (/dev/shm) would have to be placed under its root, which is not done yet.
-  struct stat theirs {}, ours {};
-  if (stat(("/proc/" + std::to_string(pid) + "/root").c_str(), &theirs) == 0 && stat("/proc/self/root", &ours) == 0 &&
-      (theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino))
-    return Error::msg(who + " runs in another root (a chroot's or a container's): the agent is not placed there yet");
+  if (auto r = agent_root(pid); !r) return r.error();
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
   if (yama >> scope && scope >= 3) return Error::msg("ptrace is disabled on this system (Yama ptrace_scope 3)");
   return {};
+}
+
+Result<std::string> agent_root(pid_t pid) {
+  std::string proc = "/proc/" + std::to_string(pid), who = "pid " + std::to_string(pid);
+  struct stat theirs {}, ours {};
+  if (stat((proc + "/root").c_str(), &theirs) != 0 || stat("/proc/self/root", &ours) != 0 ||
+      (theirs.st_dev == ours.st_dev && theirs.st_ino == ours.st_ino))
+    return std::string();
+  if (stat((proc + "/ns/pid").c_str(), &theirs) == 0 && stat("/proc/self/ns/pid", &ours) == 0 &&
+      (theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino))
+    return Error::msg(who + " runs in another PID namespace (a container's): the agent is not placed there yet");
+  struct stat shm {};
+  if (stat((proc + "/root/dev/shm").c_str(), &shm) != 0 || !S_ISDIR(shm.st_mode))
+    return Error::msg(who + " runs in another root (a chroot's) that has no /dev/shm for the agent's ring");
+  // The agent finishes with libunwind the stacks the loader's rows do not
+  // (its first calls, code mapped later): without it there, those would be cut.
+  bool unwinder = false;
+  for (const char* dir : {"/usr/lib/x86_64-linux-gnu/", "/lib/x86_64-linux-gnu/", "/usr/lib/", "/lib/"})
+    unwinder |= access((proc + "/root" + dir + "libunwind.so.8").c_str(), R_OK) == 0;
+  if (!unwinder)
+    return Error::msg(who + " runs in another root (a chroot's) without libunwind.so.8, which the agent's stacks need");
+  return proc + "/root";
 }
 
 Result<Held> hold_at_entry(pid_t pid, int timeout_ms, const std::function<void()>& on_stop) {

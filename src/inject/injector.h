@@ -91,6 +91,13 @@ using AfterCall = std::function<void(StoppedProcess&)>;
 // (Yama ptrace_scope 3). Success: no reason known.
 Result<void> can_inject(pid_t pid);
 
+// Where the agent's files go for pid: "" when it shares our root, else
+// "/proc/PID/root" (a chroot's process: the ring and a copy of the agent
+// are made in its /dev/shm, seen there as /dev/shm/...). An error for a
+// process in another PID namespace (a container's: its getpid() names
+// another ring), a root without /dev/shm, or without libunwind.so.8.
+Result<std::string> agent_root(pid_t pid);
+
 // A process just exec'd and stopped (SIGSTOP: BPF's stop at exec), run
 // under ptrace to its entry point (AT_ENTRY: ld.so has loaded, relocated
 // and initialized its libraries, so dlopen works; none of the program's

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <utility>
@@ -66,6 +67,15 @@ void tsc_and_ns(uint64_t* tsc, uint64_t* ns) {
 #endif
 }
 
+// The agent into a chroot's /dev/shm (0644: the process reads it as itself).
+Result<void> copy_file(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) return Error::msg("copy the agent " + from + " to " + to + ": " + ec.message());
+  if (chmod(to.c_str(), 0644) != 0) return Error::sys("chmod " + to);
+  return {};
+}
+
 }  // namespace
 
 std::string agent_path() {
@@ -78,11 +88,14 @@ std::string agent_path() {
   return realpath(installed.c_str(), real) ? std::string(real) : installed;
 }
 
-Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode, const CfiRows* cfi) {
+Result<std::unique_ptr<Ring>> Ring::create(pid_t pid, size_t data_bytes, int stack_mode, const CfiRows* cfi,
+                                           const std::string& root) {
   if (data_bytes < 4096 || (data_bytes & (data_bytes - 1)))
     return Error::msg("ring size " + std::to_string(data_bytes) + " is not a power of two of at least 4096");
-  char path[64];
-  snprintf(path, sizeof path, MT_INJ_PATH_FMT, static_cast<int>(pid));
+  char name[64];
+  snprintf(name, sizeof name, MT_INJ_PATH_FMT, static_cast<int>(pid));
+  std::string in_root = root + name;  // the agent opens name, in its root
+  const char* path = in_root.c_str();
   struct stat st {};
   std::string proc = "/proc/" + std::to_string(pid);
   if (stat(proc.c_str(), &st) != 0) return Error::sys("stat " + proc);
@@ -262,8 +275,19 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
     unwind::TableStore store;
     cfi = build_cfi_rows(pid, view.maps, &store);
   }
-  auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode, &cfi);
+  // A chroot's process (agent_root): the ring and a copy of the agent in
+  // its /dev/shm, the agent loaded by the name it has there.
+  auto root = agent_root(pid);
+  if (!root) return root.error();
+  auto ring = Ring::create(pid, o.ring_mb << 20, o.stack_mode, &cfi, *root);
   if (!ring) return ring.error();
+  std::string agent = o.agent;
+  struct Unlink {
+    std::string path;
+    ~Unlink() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } agent_copy;  // (its name only: the process keeps the mapping)
   // MEMTRACE_INJECT_GOT=0, MEMTRACE_INJECT_ENTRIES=0: one of the two ways
   // in alone (bench/inject measures them apart).
   auto env_off = [](const char* n) {
@@ -311,6 +335,12 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   EntryFilesPtr files = entries ? prepare_entries(pid, &view.maps, fns) : nullptr;
   auto mapped = agent_mapped(view.maps);
   s->load_.reattached = mapped.has_value();
+  if (!root->empty() && !mapped) {
+    std::string name = "/dev/shm/libmemtrace_agent." + std::to_string(getpid()) + ".so";
+    if (auto c = copy_file(o.agent, *root + name); !c) return c.error();
+    agent_copy.path = *root + name;
+    agent = name;
+  }
   // The entries patched while the call's thread is still stopped (the
   // others stopped for it too): it runs on with the hooks and the
   // trampolines both in place.
@@ -320,7 +350,7 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
     patched = patch_entries(pid, s->ring_->mutable_hdr(), &sp, files.get(), &view.maps);
   };
   auto h = mapped ? attach_agent(pid, *mapped, &s->load_, o.timeout_ms, o.held, after, &view)
-                  : load_library(pid, o.agent, &s->load_, o.timeout_ms, o.held, after, &view);
+                  : load_library(pid, agent, &s->load_, o.timeout_ms, o.held, after, &view);
   if (!h) return h.error();
   // The constructor ran inside dlopen: the agent has said how it went.
   const volatile mt_inj_hdr& hd = s->ring_->hdr();
@@ -328,7 +358,7 @@ Result<std::unique_ptr<Session>> Session::start(pid_t pid, const SessionOptions&
   if (st == MT_INJ_AGENT_NONE) {
     // Loaded by something else than --inject, which made it map no ring.
     return Error::msg("pid " + std::to_string(pid) + ": the agent did not map the ring (" +
-                      (mapped ? *mapped : o.agent) + " loaded before, not by --inject?)");
+                      (mapped ? *mapped : agent) + " loaded before, not by --inject?)");
   }
   if (st == MT_INJ_AGENT_FAILED) {
     char why[sizeof hd.agent_error + 1] = {0};

@@ -70,8 +70,9 @@ struct SessionOptions {
 class Ring {
  public:
   // cfi: MT_INJ_STACK_CFI's rows, carried after the data area (ring.h cfi_off).
+  // root: agent_root(pid)'s ("" ours): the file is made under it.
   static Result<std::unique_ptr<Ring>> create(pid_t pid, size_t data_bytes, int stack_mode,
-                                              const CfiRows* cfi = nullptr);
+                                              const CfiRows* cfi = nullptr, const std::string& root = "");
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;

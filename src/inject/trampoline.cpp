@@ -246,10 +246,11 @@ struct EntryFiles {
   };
   std::map<std::string, File> by_path;  // as /proc/PID/maps names it
   // path's, read now if not yet; nullptr (and *why) if it cannot be.
-  File* get(pid_t pid, const std::string& path, std::string* why) {
+  File* get(pid_t pid, const procfs::Mapping& m, std::string* why) {
+    const std::string& path = m.path;
     auto& f = by_path[path];
     if (!f.elf) {
-      auto e = elf::ElfFile::open("/proc/" + std::to_string(pid) + "/root" + path);
+      auto e = elf::ElfFile::open(procfs::openable_path(pid, m));
       if (!e) {
         *why = e.error().message;
         by_path.erase(path);
@@ -280,7 +281,7 @@ EntryFilesPtr prepare_entries(pid_t pid, const std::vector<procfs::Mapping>* giv
     std::string why;
     bool want = fns.empty() && (b.rfind("libc.so", 0) == 0 || b.rfind("libstdc++.so", 0) == 0);
     for (uint64_t f : fns) want |= f >= m.start && f < m.end;
-    if (want) files->get(pid, m.path, &why);
+    if (want) files->get(pid, m, &why);
   }
 #else
   (void)pid;
@@ -529,7 +530,7 @@ Result<PatchReport> patch_entries(pid_t pid, mt_inj_hdr* hdr, StoppedProcess* he
       continue;
     }
     std::string why;
-    EntryFiles::File* file = files->get(pid, m->path, &why);
+    EntryFiles::File* file = files->get(pid, *m, &why);
     if (!file) {
       rep.refused.push_back(name + ": " + why);
       continue;

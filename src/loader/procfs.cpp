@@ -106,23 +106,6 @@ std::optional<uint64_t> start_time(pid_t pid) {
   return t;
 }
 
-std::string openable_path(pid_t pid, const MapEntry& m) {
-  struct stat st{};
-  // The same file at its own path here first: a path that outlives the
-  // process (system-wide, a short program is often gone before its new
-  // libc's probes are all attached, and /proc/PID/root with it).
-  if (!m.path.empty() && m.path[0] == '/' && stat(m.path.c_str(), &st) == 0 && st.st_ino == m.inode &&
-      st.st_dev == m.dev)
-    return m.path;
-  std::string root = "/proc/" + std::to_string(pid) + "/root" + m.path;
-  if (stat(root.c_str(), &st) == 0 && st.st_ino == m.inode &&
-      st.st_dev == m.dev)
-    return root;
-  char buf[96];
-  snprintf(buf, sizeof buf, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, pid, m.start, m.end);
-  return buf;
-}
-
 Result<void> ensure_tracefs() {
   if (access("/sys/kernel/tracing/events", F_OK) == 0) return {};
   if (access("/sys/kernel/debug/tracing/events", F_OK) == 0) return {};

@@ -30,11 +30,7 @@ std::vector<pid_t> all_pids();
 bool process_exists(pid_t pid);
 char process_state(pid_t pid);  // 'R', 'S', 'T', ... or 0
 
-// A path through which this process can open the file of mapping m of pid:
-// PATH itself when it is the same inode here (it stays valid after pid is
-// gone), else /proc/PID/root/PATH when that is (containers), else
-// /proc/PID/map_files/START-END (deleted or replaced files).
-std::string openable_path(pid_t pid, const MapEntry& m);
+using procfs::openable_path;  // (src/procfs/proc_maps.h)
 
 // libbpf needs tracefs for tracepoint ids; a fresh machine does not mount it.
 Result<void> ensure_tracefs();

@@ -1,11 +1,14 @@
 #include "procfs/proc_maps.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <charconv>
 
 #include "common/fd.h"
@@ -88,6 +91,18 @@ Result<std::vector<Mapping>> read_maps(pid_t pid) {
     text.append(buf, static_cast<size_t>(n));
   }
   return parse_maps(text);
+}
+
+std::string openable_path(pid_t pid, const Mapping& m) {
+  struct stat st {};
+  if (!m.path.empty() && m.path[0] == '/' && stat(m.path.c_str(), &st) == 0 && st.st_ino == m.inode &&
+      st.st_dev == m.dev)
+    return m.path;
+  std::string root = "/proc/" + std::to_string(pid) + "/root" + m.path;
+  if (stat(root.c_str(), &st) == 0 && st.st_ino == m.inode && st.st_dev == m.dev) return root;
+  char buf[96];
+  snprintf(buf, sizeof buf, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, pid, m.start, m.end);
+  return buf;
 }
 
 }  // namespace memtrace::procfs

@@ -38,4 +38,11 @@ std::vector<Mapping> parse_maps(std::string_view text);
 // kernel gives one: it is generated in page-sized reads).
 Result<std::vector<Mapping>> read_maps(pid_t pid);
 
+// A path this process can open m's file by: PATH itself when it is the same
+// inode here (it stays valid after pid is gone; a chroot's process, whose
+// maps name host paths), else /proc/PID/root/PATH when that is (another
+// mount namespace: a container's), else /proc/PID/map_files/START-END
+// (deleted or replaced files).
+std::string openable_path(pid_t pid, const Mapping& m);
+
 }  // namespace memtrace::procfs

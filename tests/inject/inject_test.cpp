@@ -307,6 +307,75 @@ TEST(Inject, CliFallsBackUnderSeccomp) {
 // A preloaded allocator (jemalloc, tcmalloc, mimalloc): injected since
 // issue 33, allocators_test.cpp (InjectAllocators.Preloaded*Exact).
 
+namespace {
+// A chroot holding inject_target, its libraries and the agent's (and
+// libunwind with its own, with_unwind), and an empty /dev/shm.
+std::string make_chroot(bool with_unwind) {
+  char tmpl[] = "/tmp/mtb-chroot-XXXXXX";
+  if (!mkdtemp(tmpl)) return "";
+  std::string d = tmpl, unw = with_unwind ? " /usr/lib/x86_64-linux-gnu/libunwind.so.8" : "";
+  std::string cmd = "set -e; D=" + d + "; mkdir -p $D/dev/shm; cp " + std::string(TARGET_DIR) +
+                    "/inject_target $D/; for l in" + unw + " $(ldd " + TARGET_DIR + "/inject_target " + AGENT + unw +
+                    " | grep -o '/[^ :]*' | sort -u); do mkdir -p $D$(dirname $l); cp -L $l $D$l; done";
+  return system(cmd.c_str()) == 0 ? d : "";
+}
+}  // namespace
+
+// A chroot's process (same PID namespace): the ring and a copy of the agent
+// go in its /dev/shm; exact counts, and the leak's stack, as outside.
+TEST(Inject, CliInjectsIntoAChrootsProcess) {
+  MEMTRACE_REQUIRE_ROOT();
+  std::string root = make_chroot(true);
+  ASSERT_FALSE(root.empty());
+  Child t = spawn({"/usr/sbin/chroot", root, "/inject_target", "2000"});
+  close(t.in);
+  std::string tout;
+  pid_t pid = ready_pid(t, &tout);
+  ASSERT_EQ(pid, t.pid) << tout;
+  std::string rep = tmpfile("inject-chroot");
+  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-p", std::to_string(pid)});
+  close(m.in);
+  std::string merr;
+  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
+  ASSERT_TRUE(read_until(t.out, "expect", &tout)) << tout;
+  ASSERT_TRUE(read_until(t.out, "\n", &tout)) << tout;
+  EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout;
+  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
+  EXPECT_EQ(merr.find("uprobes instead"), std::string::npos) << merr;
+  json j = json::parse(slurp_file(rep), nullptr, false);
+  unlink(rep.c_str());
+  const json* p = find_proc(j, pid);
+  ASSERT_TRUE(p) << j.dump() << merr;
+  Expect e = parse_expect(tout);
+  EXPECT_EQ(u(*p, "allocs"), e.allocs);
+  EXPECT_EQ(u(*p, "frees"), e.frees);
+  EXPECT_EQ(u(*p, "bytes_allocated"), e.bytes);
+  EXPECT_EQ(u(*p, "in_use_bytes"), e.leaked_bytes);
+  for (const char* k : {"inject_ring_full", "inject_stack_cut", "stack_record_missing", "malformed"})
+    EXPECT_EQ(j["dropped"][k].get<long>(), 0) << k << " in " << j["dropped"].dump();
+  const json* leak = nullptr;
+  for (const auto& l : (*p)["leaks"])
+    if (l["bytes"] == e.leaked_bytes && l["blocks"] == e.leaked_blocks) leak = &l;
+  ASSERT_TRUE(leak) << (*p)["leaks"].dump();
+  ASSERT_GE((*leak)["stack"].size(), 3u) << leak->dump();
+  EXPECT_EQ((*leak)["stack"][0]["function"], "leak_here") << leak->dump();
+  EXPECT_EQ((*leak)["stack"][2]["function"], "main") << leak->dump();
+  // Nothing of the session left in its root: the agent's copy and the
+  // ring are unlinked once mapped.
+  EXPECT_EQ(system(("test -z \"$(ls -A " + root + "/dev/shm)\"").c_str()), 0) << "left in " << root << "/dev/shm";
+  system(("rm -rf " + root).c_str());
+}
+
+// A chroot without libunwind (which finishes the stacks the agent's rows do
+// not): one line, the BPF path, exact.
+TEST(Inject, CliFallsBackInAChrootWithoutLibunwind) {
+  MEMTRACE_REQUIRE_ROOT();
+  std::string root = make_chroot(false);
+  ASSERT_FALSE(root.empty());
+  cli_falls_back({"/usr/sbin/chroot", root, "/inject_target", "2000", "stdin"}, "without libunwind.so.8");
+  system(("rm -rf " + root).c_str());
+}
+
 // ptrace refused (another tracer has the process; Yama's scope 3 refuses
 // it the same way, and cannot be undone without a reboot to test here).
 TEST(Inject, CliFallsBackWhenPtraceIsRefused) {
