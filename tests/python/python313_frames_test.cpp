@@ -183,19 +183,17 @@ TEST_F(Python313Bpf, LaunchedPythonMallocMallocChargesTracemallocsLines) {
   expect_tracemallocs_lines(r);
 }
 
-// --inject into a process in another root (the chroot's python3.13): the
-// agent is not placed there yet, so one line says so and the process is
-// traced by uprobes, with its Python frames walked by BPF as without
-// --inject: tracemalloc's lines again.
-TEST_F(Python313Bpf, InjectInAChrootIsTracedByUprobesWithItsPythonFrames) {
+// --inject into a process in another root (the chroot's python3.13, our
+// PID namespace): the agent's ring and a copy of it in the root's /dev/shm
+// (trixie_root.sh gives it one, and libunwind8), its Python frames walked
+// in-process with 3.13's layout: tracemalloc's lines again.
+TEST_F(Python313Bpf, InjectInAChrootChargesTracemallocsLines) {
   std::vector<std::string> args = {"--inject", "--"};
   for (const auto& a : python({script_in_root()})) args.push_back(a);
   ToolRun r = run_tool(args);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("runs in another root (a chroot's or a container's): the agent is not placed there yet"),
-            std::string::npos)
-      << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.find("uprobes instead"), std::string::npos) << r.err;
+  EXPECT_GE(r.report["stats"].value("inject_sessions_ended", 0), 1) << r.report["stats"].dump();
   expect_tracemallocs_lines(r);
 }
 

@@ -14,7 +14,8 @@
 set -eu
 dir=${1:?usage: trixie_root.sh DIR}
 root=$dir/root
-if [ -e "$root/.complete" ] && [ -x "$root/usr/bin/python3.13" ] && [ -e "$root/usr/lib/x86_64-linux-gnu/libffi.so.8" ]; then
+if [ -e "$root/.complete" ] && [ -x "$root/usr/bin/python3.13" ] && [ -e "$root/usr/lib/x86_64-linux-gnu/libffi.so.8" ] &&
+	[ -e "$root/usr/lib/x86_64-linux-gnu/libunwind.so.8" ] && [ -d "$root/dev/shm" ]; then
 	echo "$root"
 	exit 0
 fi
@@ -41,13 +42,14 @@ fi
 # python3.13-minimal's interpreter, its stdlib part (tracemalloc.py) and
 # what they link, libffi for ctypes (a foreign call runs with the GIL
 # released); the few libraries of libpython3.13-stdlib's other extension
-# modules the targets do not import are left out.
-pkgs="python3.13-minimal libpython3.13-minimal libpython3.13-stdlib libc6 libexpat1 zlib1g libgcc-s1 libffi8"
+# modules the targets do not import are left out. libunwind8 (and its
+# liblzma5) and a /dev/shm: what --inject's agent needs in a chroot.
+pkgs="python3.13-minimal libpython3.13-minimal libpython3.13-stdlib libc6 libexpat1 zlib1g libgcc-s1 libffi8 libunwind8 liblzma5"
 if ! (cd "$dir/debs" && rm -f ./*.deb && apt apt-get download $pkgs >>"$dir/apt.log" 2>&1); then
 	echo "trixie_root.sh: apt-get download of $pkgs failed (see $dir/apt.log)" >&2
 	exit 1
 fi
-mkdir -p "$root/tmp"
+mkdir -p "$root/tmp" "$root/dev/shm"
 for d in "$dir"/debs/*.deb; do dpkg-deb -x "$d" "$root"; done
 for l in bin sbin lib lib64; do
 	if [ -d "$root/usr/$l" ] && [ ! -e "$root/$l" ]; then ln -s "usr/$l" "$root/$l"; fi
