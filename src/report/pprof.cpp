@@ -66,7 +66,7 @@ class Strings {
 // profile.proto field numbers.
 enum ProfileField {
   kSampleType = 1, kSample = 2, kMapping = 3, kLocation = 4, kFunction = 5, kStringTable = 6,
-  kTimeNanos = 9, kDurationNanos = 10, kPeriodType = 11, kPeriod = 12, kDefaultSampleType = 14,
+  kTimeNanos = 9, kDurationNanos = 10, kPeriodType = 11, kPeriod = 12, kComment = 13, kDefaultSampleType = 14,
 };
 
 struct PidAddrHash {
@@ -247,6 +247,13 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
   period.i64(1, st.id("space"));
   period.i64(2, st.id("bytes"));
   int64_t default_type = st.id("inuse_space");
+  // --sample-bytes: the rate as Go's heap profiles give theirs (period: the
+  // mean bytes between samples; the values are scaled already), and a
+  // comment saying the figures are estimates.
+  int64_t comment = m.sample_bytes()
+                        ? st.id("memtrace-bpf: sampled, one allocation per " + std::to_string(m.sample_bytes()) +
+                                " bytes on average; every value is an unbiased estimate")
+                        : -1;
   for (const auto& str : st.table()) prof.bytes(kStringTable, str);  // every id is taken by now
   prof.i64(kTimeNanos, po.time_nanos);
   prof.i64(kDurationNanos, po.duration_nanos);
@@ -254,7 +261,8 @@ std::string pprof_profile(const heap::HeapModel& m, const Resolver& r, const Opt
   std::string out = prof.str() + locs.str() + funcs.str();
   Pb tail;
   tail.msg(kPeriodType, period);
-  tail.i64(kPeriod, 1);
+  tail.i64(kPeriod, m.sample_bytes() ? static_cast<int64_t>(m.sample_bytes()) : 1);
+  if (comment >= 0) tail.i64(kComment, comment);
   tail.i64(kDefaultSampleType, default_type);
   return out + tail.str();
 }

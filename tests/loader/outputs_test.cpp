@@ -188,6 +188,26 @@ TEST_F(Outputs, EveryFormatFromOneTrace) {
   EXPECT_EQ(st.st_mode & 0777, 0644u);
 }
 
+// --sample-bytes: pprof carries the rate (period, as Go's heap profiles
+// give MemProfileRate) and says its values are estimates (a comment); a
+// full trace has period 1 and no comment.
+TEST_F(Outputs, SampledPprofCarriesItsRateAndSaysItEstimates) {
+  if (go_binary().empty()) MEMTRACE_SKIP_OR_FAIL("no Go toolchain for `go tool pprof` (Debian golang-go)");
+  for (bool sampled : {true, false}) {
+    std::vector<std::string> argv = {tool(), "-o", path("s.pb.gz"), "--", target("alloc_rounds"), "--rounds", "20"};
+    if (sampled) argv.insert(argv.begin() + 1, {"--sample-bytes", "65536"});
+    ToolOut r = run(argv);
+    ASSERT_EQ(r.code, 0) << r.err;
+    ToolOut raw = pprof({"-raw"}, path("s.pb.gz"));
+    ASSERT_EQ(raw.code, 0) << raw.err;
+    EXPECT_NE(raw.out.find(sampled ? "Period: 65536\n" : "Period: 1\n"), std::string::npos) << raw.out.substr(0, 600);
+    EXPECT_EQ(raw.out.find("Comment: memtrace-bpf: sampled, one allocation per 65536 bytes on average; every value "
+                           "is an unbiased estimate") != std::string::npos,
+              sampled)
+        << raw.out.substr(0, 600);
+  }
+}
+
 TEST_F(Outputs, EveryFormatFromReplay) {
   ToolOut r = run({tool(), "--record", path("run.mtr"), "--format", "json", "-o", path("live.json"), "--",
                target("alloc_rounds"), "--rounds", std::to_string(kRounds)});
