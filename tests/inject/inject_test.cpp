@@ -193,9 +193,17 @@ TEST(Inject, FindsDlopenInLibc) {
 // memtrace-bpf --inject -p PID: the agent's records in the same heap model
 // and report as the BPF path's (BPF keeps mmap/brk and the exit): counts
 // exact, the leak named by its stack, nothing dropped; the process exits 0.
-TEST(Inject, CliReportExact) {
-  MEMTRACE_REQUIRE_ROOT();
-  Child t = spawn({std::string(TARGET_DIR) + "/inject_target", "2000"});
+namespace {
+// inject_target (argv) run to its end under `memtrace-bpf --inject -p`: the
+// JSON report, the target's pid and what it says it did, the tool's stderr.
+struct InjectedRun {
+  json report;
+  pid_t pid = 0;
+  Expect expect;
+  std::string err;
+};
+void run_injected(const std::vector<std::string>& argv, InjectedRun* out) {
+  Child t = spawn(argv);
   close(t.in);
   std::string tout;
   pid_t pid = ready_pid(t, &tout);
@@ -209,11 +217,22 @@ TEST(Inject, CliReportExact) {
   ASSERT_TRUE(read_until(t.out, "\n", &tout)) << tout;
   EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout;
   EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;  // the tool ends when its process does
-  json j = json::parse(slurp_file(rep), nullptr, false);
+  out->report = json::parse(slurp_file(rep), nullptr, false);
   unlink(rep.c_str());
-  const json* p = find_proc(j, pid);
-  ASSERT_TRUE(p) << j.dump() << merr;
-  Expect e = parse_expect(tout);
+  out->pid = pid;
+  out->expect = parse_expect(tout);
+  out->err = merr;
+}
+}  // namespace
+
+TEST(Inject, CliReportExact) {
+  MEMTRACE_REQUIRE_ROOT();
+  InjectedRun run;
+  ASSERT_NO_FATAL_FAILURE(run_injected({std::string(TARGET_DIR) + "/inject_target", "2000"}, &run));
+  const json& j = run.report;
+  const json* p = find_proc(j, run.pid);
+  ASSERT_TRUE(p) << j.dump() << run.err;
+  const Expect& e = run.expect;
   EXPECT_EQ(u(*p, "allocs"), e.allocs);
   EXPECT_EQ(u(*p, "frees"), e.frees);
   EXPECT_EQ(u(*p, "bytes_allocated"), e.bytes);
@@ -327,26 +346,13 @@ TEST(Inject, CliInjectsIntoAChrootsProcess) {
   MEMTRACE_REQUIRE_ROOT();
   std::string root = make_chroot(true);
   ASSERT_FALSE(root.empty());
-  Child t = spawn({"/usr/sbin/chroot", root, "/inject_target", "2000"});
-  close(t.in);
-  std::string tout;
-  pid_t pid = ready_pid(t, &tout);
-  ASSERT_EQ(pid, t.pid) << tout;
-  std::string rep = tmpfile("inject-chroot");
-  Child m = spawn({MEMTRACE_BIN, "--format", "json", "-o", rep, "--inject", "-p", std::to_string(pid)});
-  close(m.in);
-  std::string merr;
-  ASSERT_TRUE(read_until(m.err, "tracing", &merr)) << merr;
-  ASSERT_TRUE(read_until(t.out, "expect", &tout)) << tout;
-  ASSERT_TRUE(read_until(t.out, "\n", &tout)) << tout;
-  EXPECT_EQ(exit_within(t.pid, 20000), 0) << tout;
-  EXPECT_EQ(exit_within(m.pid, 30000), 0) << merr;
-  EXPECT_EQ(merr.find("uprobes instead"), std::string::npos) << merr;
-  json j = json::parse(slurp_file(rep), nullptr, false);
-  unlink(rep.c_str());
-  const json* p = find_proc(j, pid);
-  ASSERT_TRUE(p) << j.dump() << merr;
-  Expect e = parse_expect(tout);
+  InjectedRun run;
+  ASSERT_NO_FATAL_FAILURE(run_injected({"/usr/sbin/chroot", root, "/inject_target", "2000"}, &run));
+  EXPECT_EQ(run.err.find("uprobes instead"), std::string::npos) << run.err;
+  const json& j = run.report;
+  const json* p = find_proc(j, run.pid);
+  ASSERT_TRUE(p) << j.dump() << run.err;
+  const Expect& e = run.expect;
   EXPECT_EQ(u(*p, "allocs"), e.allocs);
   EXPECT_EQ(u(*p, "frees"), e.frees);
   EXPECT_EQ(u(*p, "bytes_allocated"), e.bytes);
